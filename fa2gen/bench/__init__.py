@@ -1,0 +1,1 @@
+"""Benchmarking: shapes, competing implementations, timing and reports."""

@@ -1,0 +1,71 @@
+"""flash-attention's accuracy rule, used by the tests, the benchmark and the tuner's gate.
+
+A kernel passes when its error against an fp32 reference is at most twice the error
+of PyTorch computing the same function in the inputs' dtype, plus a small atol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..runtime.problem import Problem
+from ..runtime.reference import attention_reference
+
+ATOL = 1e-4
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    out_err: float  # max |kernel - fp32 reference|
+    out_base: float  # max |PyTorch in dtype - fp32 reference|
+    lse_err: float
+    lse_base: float
+    reason: str = ""
+
+    def __str__(self) -> str:
+        status = "ok" if self.ok else f"FAIL ({self.reason})"
+        return f"{status}: out err {self.out_err:.2e} (base {self.out_base:.2e}), lse err {self.lse_err:.2e} (base {self.lse_base:.2e})"
+
+
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    both_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
+    d = (a.float() - b.float()).abs().masked_fill(both_inf, 0.0)
+    return float(d.max()) if d.numel() else 0.0
+
+
+def check_forward(q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8) -> Verdict:
+    """Judge a forward result by flash-attention's rule; NaN anywhere fails."""
+    outs32, lses32, outs_dt, lses_dt = [], [], [], []
+    g = problem.group
+    step = max(g, (heads_per_chunk // g) * g)
+    for h0 in range(0, problem.heads_q, step):
+        h1 = min(problem.heads_q, h0 + step)
+        sub = Problem(**{**problem.__dict__, "heads_q": h1 - h0, "heads_kv": (h1 - h0) // g})
+        qs, ks, vs = q[:, h0:h1], k[:, h0 // g : h1 // g], v[:, h0 // g : h1 // g]
+        o32, l32 = attention_reference(qs.float(), ks.float(), vs.float(), sub)
+        odt, ldt = attention_reference(qs, ks, vs, sub, compute_dtype=q.dtype)
+        outs32.append(o32)
+        lses32.append(l32)
+        outs_dt.append(odt)
+        lses_dt.append(ldt)
+    ref, ref_lse = torch.cat(outs32, 1), torch.cat(lses32, 1)
+    base_out, base_lse = torch.cat(outs_dt, 1), torch.cat(lses_dt, 1)
+    out_err = _max_abs_diff(out, ref)
+    out_base = _max_abs_diff(base_out, ref)
+    lse_err = _max_abs_diff(lse, ref_lse) if lse is not None else 0.0
+    lse_base = _max_abs_diff(base_lse, ref_lse)
+    reasons = []
+    if torch.isnan(out).any():
+        reasons.append("NaN in output")
+    if lse is not None and torch.isnan(lse).any():
+        reasons.append("NaN in lse")
+    if out_err > 2 * out_base + atol:
+        reasons.append("output error over 2x PyTorch's + atol")
+    if lse is not None and lse_err > 2 * lse_base + atol:
+        reasons.append("lse error over 2x PyTorch's + atol")
+    if lse is not None and not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
+        reasons.append("lse -inf pattern differs from the reference")
+    return Verdict(not reasons, out_err, out_base, lse_err, lse_base, "; ".join(reasons))

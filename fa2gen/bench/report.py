@@ -1,0 +1,93 @@
+"""Benchmark output: a ratio table for the terminal or Markdown, JSON, and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .runner import Result, geomean
+
+SHORT = {"fa2gen": "fa2gen", "sdpa-cudnn": "cuDNN", "sdpa-flash": "FA2", "sdpa-efficient": "mem-eff",
+         "flex": "Flex", "sdpa-math": "math"}
+
+
+def ratio_rows(results: list[Result], providers: list[str]):
+    """Per case: TFLOP/s of each provider and fa2gen's ratio to each other provider."""
+    others = [p for p in providers if p != "fa2gen"]
+    header = ["case"] + [SHORT.get(p, p) for p in providers] + [f"x{SHORT.get(p, p)}" for p in others]
+    def fmt(x: float) -> str:
+        return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+
+    rows = []
+    for r in results:
+        mine = r.tflops.get("fa2gen")
+        cells = [r.case.label()] + [fmt(r.tflops[p]) if p in r.tflops else "-" for p in providers]
+        for p in others:
+            cells.append(f"{mine / r.tflops[p]:.2f}" if mine and p in r.tflops else "-")
+        rows.append(cells)
+    return header, rows
+
+
+def summary(results: list[Result], providers: list[str]) -> dict[str, float]:
+    """Geomean of fa2gen's ratio to each provider over the cases both ran."""
+    out = {}
+    for p in providers:
+        if p == "fa2gen":
+            continue
+        ratios = [r.tflops["fa2gen"] / r.tflops[p] for r in results if "fa2gen" in r.tflops and p in r.tflops]
+        if ratios:
+            out[p] = geomean(ratios)
+    return out
+
+
+def markdown(results: list[Result], providers: list[str]) -> str:
+    header, rows = ratio_rows(results, providers)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    gm = summary(results, providers)
+    if gm:
+        lines.append("")
+        lines.append("Geomean of fa2gen's ratio: " + ", ".join(f"{SHORT.get(p, p)} {v:.2f}x" for p, v in gm.items()))
+    return "\n".join(lines)
+
+
+def write_json(path: Path, results: list[Result], env: dict, providers: list[str]) -> None:
+    payload = {"environment": env, "providers": providers, "geomean_ratio": summary(results, providers),
+               "results": [r.to_dict() for r in results]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
+
+
+def write_png(path: Path, results: list[Result], providers: list[str], title: str) -> None:
+    """One panel per (dtype, head dim, causal), TFLOP/s against sequence length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.case.dtype, r.case.head_dim, r.case.causal), []).append(r)
+    n = len(groups)
+    cols = min(4, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax, ((dt, d, c), rs) in zip(axes.flat, sorted(groups.items())):
+        rs = sorted(rs, key=lambda r: r.case.seqlen)
+        for p in providers:
+            pts = [(r.case.seqlen, r.tflops[p]) for r in rs if p in r.tflops]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=SHORT.get(p, p), linewidth=2.5 if p == "fa2gen" else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dt} D={d} {'causal' if c else 'full'}", fontsize=9)
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,102 @@
+"""Run benchmark cases across providers and collect TFLOP/s side by side."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .grid import Case, make_inputs
+from .providers import PROVIDERS
+
+
+@dataclass
+class Result:
+    case: Case
+    tflops: dict[str, float] = field(default_factory=dict)  # provider -> TFLOP/s (median)
+    ms: dict[str, list[float]] = field(default_factory=dict)  # provider -> [p20, median, p80]
+    skipped: dict[str, str] = field(default_factory=dict)  # provider -> reason
+    max_diff: dict[str, float] = field(default_factory=dict)  # provider -> max |out - fa2gen out|
+
+    def to_dict(self) -> dict:
+        return {"case": asdict(self.case), "label": self.case.label(), "tflops": self.tflops, "ms": self.ms,
+                "skipped": self.skipped, "max_diff_vs_fa2gen": self.max_diff}
+
+
+def _time_cpu(fn, reps: int = 3) -> list[float]:
+    import time
+
+    fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return [samples[0], samples[len(samples) // 2], samples[-1]]
+
+
+def run_case(case: Case, providers: list[str], device: torch.device, *, seed: int = 0) -> Result:
+    q, k, v = make_inputs(case, device, seed=seed)
+    result = Result(case)
+    outputs = {}
+    for name in providers:
+        prov = PROVIDERS[name]
+        why = prov.unavailable(case, device)
+        if why:
+            result.skipped[name] = why
+            continue
+        try:
+            fn = prov.build(case, q, k, v)
+            out = fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                from .timing import measure
+
+                t = measure(fn)
+                result.ms[name] = [t.p20_ms, t.median_ms, t.p80_ms]
+            else:
+                result.ms[name] = _time_cpu(fn)
+            result.tflops[name] = case.flops() / (result.ms[name][1] * 1e-3) / 1e12
+            outputs[name] = out
+        except Exception as e:  # a backend that refuses a shape is reported, not fatal
+            result.skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    ref = outputs.get("fa2gen")
+    if ref is not None:
+        if torch.isnan(ref).any():
+            result.skipped["fa2gen"] = "NaN in output"
+            result.tflops.pop("fa2gen", None)
+        for name, out in outputs.items():
+            if name != "fa2gen":
+                result.max_diff[name] = float((out.float() - ref.float()).abs().max())
+    return result
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def environment(device: torch.device) -> dict:
+    import triton
+
+    import fa2gen
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "fa2gen": fa2gen.__version__,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "device": "cpu",
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count)
+    return env

@@ -1,0 +1,65 @@
+"""Facts about GPU architectures that decide which variants can run where."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import KernelSpec, TuningParams
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    name: str
+    smem_bytes: int  # opt-in shared memory per block
+    has_tma: bool
+    max_warps: int = 16
+
+
+ARCHES: dict[str, ArchInfo] = {
+    "sm80": ArchInfo("sm80", 163 * 1024, False),
+    "sm86": ArchInfo("sm86", 99 * 1024, False),
+    "sm89": ArchInfo("sm89", 99 * 1024, False),
+    "sm90": ArchInfo("sm90", 227 * 1024, True),
+}
+
+
+def arch_from_capability(major: int, minor: int) -> str:
+    """Map a compute capability to the nearest arch we have facts for."""
+    name = f"sm{major}{minor}"
+    if name in ARCHES:
+        return name
+    if major >= 9:
+        return "sm90"
+    if major == 8:
+        return "sm86" if minor >= 6 else "sm80"
+    return name
+
+
+def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
+    """Shared memory a forward variant needs, in bytes (an estimate for pruning).
+
+    Q stays resident; K and V are buffered ``num_stages`` deep; on the pointer
+    path the probability tile P is staged through shared memory for the second dot.
+    """
+    elt = 2
+    dp = spec.head_dim_padded
+    stages = max(1, params.num_stages)
+    q = params.block_m * dp * elt
+    kv = 2 * stages * params.block_n * dp * elt
+    p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0
+    return q + kv + p
+
+
+def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:
+    """None if the variant is plausible on ``arch``, else the reason it is not."""
+    info = ARCHES.get(arch)
+    if info is None:
+        return f"unknown arch {arch!r}"
+    if params.loads == "tma" and not info.has_tma:
+        return f"tma loads need sm90+, {arch} has none"
+    if params.num_warps > info.max_warps:
+        return f"num_warps {params.num_warps} > {info.max_warps}"
+    need = smem_estimate(spec, params)
+    if need > info.smem_bytes:
+        return f"shared memory {need} B > {info.smem_bytes} B on {arch}"
+    return None

@@ -1,0 +1,56 @@
+"""Render a (KernelSpec, TuningParams) pair to Triton source through Jinja."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from importlib import resources
+
+import jinja2
+
+from .spec import KernelSpec, TuningParams
+
+# One template per direction; the backward pass adds its own.
+TEMPLATES = {"fwd": "attn_fwd.py.jinja"}
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("fa2gen", "templates"),
+        undefined=jinja2.StrictUndefined,  # a missing variable is a bug, never an empty string
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def template_source(direction: str) -> str:
+    return resources.files("fa2gen").joinpath("templates", TEMPLATES[direction]).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def template_hash(direction: str) -> str:
+    """Digest of a direction's template source (the cache key's template component)."""
+    return hashlib.sha256(template_source(direction).encode()).hexdigest()[:16]
+
+
+def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
+    """Triton module source for one variant. Inputs are validated dataclasses."""
+    if not isinstance(spec, KernelSpec) or not isinstance(params, TuningParams):
+        raise TypeError("render() takes a KernelSpec and a TuningParams")
+    template = _environment().get_template(TEMPLATES[spec.direction])
+    return template.render(
+        name=name,
+        spec_repr=repr(spec.to_dict()),  # validated scalars only: a safe Python literal
+        spec=spec,
+        params=params,
+        head_dim=spec.head_dim,
+        head_dim_padded=spec.head_dim_padded,
+        pad_head=spec.head_dim != spec.head_dim_padded,
+        mask=spec.mask,
+        softcap=spec.softcap,
+        tma=params.loads == "tma",
+    )

@@ -1,0 +1,135 @@
+"""What a kernel computes (KernelSpec) and how it is tiled (TuningParams).
+
+Both are frozen dataclasses whose every field is checked against an allowed set
+on construction, so a value read from YAML, a database or the command line can
+never reach a template unvalidated. Names, digests and cache files are derived
+from the fields mechanically (see ``identity.py``); nothing here is hand-named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+DIRECTIONS = ("fwd",)
+DTYPES = ("fp16", "bf16")
+MASKS = ("none", "causal", "local")
+LOADS = ("pointer", "tma")
+HEAD_DIMS = tuple(range(16, 257, 8))
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+NUM_WARPS = (1, 2, 4, 8, 16)
+NUM_STAGES = (1, 2, 3, 4, 5)
+
+
+class SpecError(ValueError):
+    """A spec or tuning parameter outside its allowed set."""
+
+
+def _check_choice(cls_name: str, name: str, value: Any, allowed: tuple) -> None:
+    # bool is an int subclass: reject it explicitly so True never passes for 1.
+    if isinstance(value, bool) and not all(isinstance(a, bool) for a in allowed):
+        raise SpecError(f"{cls_name}.{name}: expected one of {allowed}, got {value!r}")
+    if value not in allowed or type(value) is not type(allowed[0]):
+        raise SpecError(f"{cls_name}.{name}: expected one of {allowed}, got {value!r}")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """The function a generated kernel computes.
+
+    direction: "fwd" (the backward pass adds its own directions).
+    dtype: element type of q/k/v/o.
+    head_dim: D, any multiple of 8 in [16, 256]; padded to a power of two inside.
+    mask: "none", "causal" (bottom-right aligned) or "local" (sliding window whose
+        left/right extents are runtime arguments; causal+window is "local" with right=0).
+    softcap: whether scores pass through softcap*tanh(s/softcap).
+    """
+
+    direction: str = "fwd"
+    dtype: str = "fp16"
+    head_dim: int = 64
+    mask: str = "none"
+    softcap: bool = False
+
+    def __post_init__(self) -> None:
+        _check_choice("KernelSpec", "direction", self.direction, DIRECTIONS)
+        _check_choice("KernelSpec", "dtype", self.dtype, DTYPES)
+        _check_choice("KernelSpec", "head_dim", self.head_dim, HEAD_DIMS)
+        _check_choice("KernelSpec", "mask", self.mask, MASKS)
+        _check_choice("KernelSpec", "softcap", self.softcap, (False, True))
+
+    @property
+    def head_dim_padded(self) -> int:
+        return max(16, next_pow2(self.head_dim))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "KernelSpec":
+        return _from_dict(cls, data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TuningParams:
+    """How a kernel is tiled and scheduled; any valid point computes the same result.
+
+    loads: "pointer" (masked pointer loads, any arch, any alignment) or "tma"
+        (tensor descriptors: sm90+, 16-byte aligned base and strides).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    loads: str = "pointer"
+
+    def __post_init__(self) -> None:
+        _check_choice("TuningParams", "block_m", self.block_m, BLOCK_SIZES)
+        _check_choice("TuningParams", "block_n", self.block_n, BLOCK_SIZES)
+        _check_choice("TuningParams", "num_warps", self.num_warps, NUM_WARPS)
+        _check_choice("TuningParams", "num_stages", self.num_stages, NUM_STAGES)
+        _check_choice("TuningParams", "loads", self.loads, LOADS)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TuningParams":
+        return _from_dict(cls, data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "TuningParams":
+        return dataclasses.replace(self, **changes)
+
+
+def _from_dict(cls, data: Mapping[str, Any]):
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise SpecError(f"{cls.__name__}: unknown field(s) {sorted(map(str, unknown))}")
+    return cls(**dict(data))
+
+
+def param_space(spec: KernelSpec, arch: str | None = None) -> list[TuningParams]:
+    """Every TuningParams point that is valid for ``spec`` (before per-arch pruning).
+
+    The product is small enough to enumerate; the tuner prunes it further by the
+    shared-memory limits of the target arch.
+    """
+    del spec  # every point is structurally valid for every spec today
+    loads = LOADS if arch in (None, "sm90") else ("pointer",)
+    return [
+        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld)
+        for bm in BLOCK_SIZES
+        for bn in BLOCK_SIZES
+        for w in NUM_WARPS
+        for s in NUM_STAGES
+        for ld in loads
+    ]

@@ -1,0 +1,62 @@
+"""The public entry point: fa2gen.attention()."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..generator.cache import interpreting
+from .device import cuda_device_info
+from .dispatch import select_params
+from .launch import forward
+from .problem import make_problem
+from .reference import attention_reference
+
+_warned_cpu = False
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+):
+    """Exact softmax attention, FlashAttention-2 style, with a tuned generated kernel.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 (MQA/GQA). Any strides
+    with a contiguous last dim. fp16 or bf16; D a multiple of 8 in [16, 256].
+    causal: bottom-right aligned (query i sees keys j <= i + Nk - Nq).
+    sm_scale: score scale, default 1/sqrt(D).
+    window_size: (left, right) sliding window as in flash-attention; -1 = unbounded.
+    softcap: if > 0, scores become softcap * tanh(scores / softcap).
+    return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Nq) fp32.
+
+    Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
+    """
+    problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if q.device.type == "cuda":
+        arch = cuda_device_info(q.device.index if q.device.index is not None else torch.cuda.current_device()).arch
+        with torch.cuda.device(q.device):
+            out, lse = forward(q, k, v, problem, select_params(problem, arch))
+    elif interpreting():
+        out, lse = forward(q, k, v, problem, select_params(problem, "cpu"))
+    else:
+        global _warned_cpu
+        if not _warned_cpu:
+            _warned_cpu = True
+            warnings.warn(
+                "fa2gen.attention on CPU tensors uses a PyTorch reference path "
+                "(set TRITON_INTERPRET=1 to run the generated kernel under Triton's interpreter)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        out, lse = attention_reference(q, k, v, problem)
+    return (out, lse) if return_lse else out

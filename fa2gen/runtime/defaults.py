@@ -1,0 +1,57 @@
+"""Heuristic default tuning params per arch: what runs when nothing tuned applies.
+
+The sm90 table was chosen by measuring a sweep on an H200 (see docs/perf-notes.md);
+other arches use conservative pointer-load tiles shrunk to fit their shared memory.
+"""
+
+from __future__ import annotations
+
+from ..generator.arch import fits
+from ..generator.spec import KernelSpec, TuningParams, next_pow2
+
+# (head_dim_padded upper bound, params), first match wins. The sweep found the same
+# winners with and without the causal mask, so the mask does not enter the table.
+_SM90 = [
+    # Sweep of 28 variants per spec on the FA2 grid (benchmarks/results/sweep-fwd-h200-fp16.json):
+    # D=64 prefers short, wide tiles (64x128); D=128 prefers 128x64 with two stages.
+    (64, TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=2, loads="tma")),
+    (128, TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma")),
+    (256, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma")),
+]
+
+_AMPERE = [
+    (64, TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=3)),
+    (128, TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=2)),
+    (256, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
+]
+
+# Under Triton's interpreter the cost is per program and per block op, not per FLOP.
+_INTERPRETER = TuningParams(block_m=32, block_n=32, num_warps=4, num_stages=1)
+
+
+def _shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningParams:
+    while fits(spec, params, arch) is not None:
+        if params.num_stages > 1:
+            params = params.replace(num_stages=params.num_stages - 1)
+        elif params.block_n > 16:
+            params = params.replace(block_n=params.block_n // 2)
+        elif params.block_m > 16:
+            params = params.replace(block_m=params.block_m // 2)
+        else:
+            break
+    return params
+
+
+def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
+    """The heuristic default for ``spec`` on ``arch`` ("cpu" means the interpreter)."""
+    if arch == "cpu":
+        params = _INTERPRETER
+    else:
+        table = _SM90 if arch == "sm90" else _AMPERE
+        params = next(p for bound, p in table if spec.head_dim_padded <= bound)
+    # Short query blocks (decoding, chunked prefill): don't compute 128 rows for a handful.
+    if seqlen_q < params.block_m:
+        params = params.replace(block_m=max(16, min(params.block_m, next_pow2(seqlen_q))))
+    if arch != "cpu":
+        params = _shrink_to_fit(spec, params, arch)
+    return params

@@ -1,0 +1,92 @@
+"""Launch one generated forward variant on validated tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from ..generator.cache import interpreting, load_module
+from ..generator.spec import TuningParams
+from .interpreter import patch_interpreter
+from .problem import Problem
+
+_ALIGN = 16  # bytes: tensor descriptors need 16-byte aligned bases and strides
+
+
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor can be addressed by a tensor descriptor."""
+    for t in tensors:
+        if t.data_ptr() % _ALIGN:
+            return False
+        if any(s <= 0 or (s * t.element_size()) % _ALIGN for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _descriptor(t: torch.Tensor, rows: int, head_dim_padded: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim_padded])
+
+
+def effective_params(params: TuningParams, *tensors: torch.Tensor) -> TuningParams:
+    """``params`` with tensor-descriptor loads swapped for pointers where the tensors forbid them."""
+    if params.loads == "tma" and not tma_compatible(*tensors):
+        return params.replace(loads="pointer")
+    return params
+
+
+def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None):
+    """Run the forward kernel for ``problem`` with ``params``; returns (out, lse fp32).
+
+    ``out``/``lse`` may be given preallocated (tests poison them with NaN first).
+    """
+    if out is None:
+        out = torch.empty_like(q)
+    if lse is None:
+        lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
+    if problem.batch == 0:
+        return out, lse
+    if interpreting():
+        patch_interpreter()
+    params = effective_params(params, q, k, v, out)
+    spec = problem.kernel_spec()
+    module = load_module(spec, params)
+    dp = spec.head_dim_padded
+    if params.loads == "tma":
+        args = (
+            _descriptor(q, params.block_m, dp),
+            _descriptor(k, params.block_n, dp),
+            _descriptor(v, params.block_n, dp),
+            _descriptor(out, params.block_m, dp),
+        )
+    else:
+        args = (q, k, v, out)
+    # Unbounded window extents become a distance no row can exceed.
+    unbounded = problem.seqlen_q + problem.seqlen_k
+    left = unbounded if problem.window_left < 0 else problem.window_left
+    right = unbounded if problem.window_right < 0 else problem.window_right
+    num_m = -(-problem.seqlen_q // params.block_m)
+    grid = (num_m * problem.batch * problem.heads_q,)
+    module.attn_fwd[grid](
+        *args,
+        lse,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *out.stride()[:3],
+        problem.heads_q,
+        problem.group,
+        problem.seqlen_q,
+        problem.seqlen_k,
+        problem.sm_scale,
+        problem.softcap,
+        left,
+        right,
+        HEAD_DIM=problem.head_dim,
+        HEAD_DIM_PAD=dp,
+        BLOCK_M=params.block_m,
+        BLOCK_N=params.block_n,
+        num_warps=params.num_warps,
+        num_stages=params.num_stages,
+    )
+    return out, lse

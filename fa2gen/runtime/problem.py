@@ -1,0 +1,141 @@
+"""Validation of attention() arguments into a normalised Problem.
+
+Every public entry point funnels its tensors through ``make_problem`` so that bad
+input fails here, with an error naming the argument, before any kernel runs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from ..generator.spec import HEAD_DIMS, KernelSpec
+
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention call's shape and semantics, independent of the tensors' storage."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    dtype: str
+    mask: str  # none | causal | local
+    window_left: int  # -1 = unbounded
+    window_right: int  # -1 = unbounded
+    sm_scale: float
+    softcap: float
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    def kernel_spec(self) -> KernelSpec:
+        return KernelSpec(
+            direction="fwd",
+            dtype=self.dtype,
+            head_dim=self.head_dim,
+            mask=self.mask,
+            softcap=self.softcap > 0,
+        )
+
+    def flops(self) -> float:
+        """Forward FLOPs by the FlashAttention-2 paper's count (halved when causal and square)."""
+        f = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+        if self.mask == "causal" and self.seqlen_q == self.seqlen_k:
+            f /= 2
+        return f
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+    if t.dtype not in DTYPE_NAMES:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
+
+
+def _check_real(name: str, value, *, minimum: float, inclusive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    ok = value >= minimum if inclusive else value > minimum
+    if not math.isfinite(value) or not ok:
+        bound = ">=" if inclusive else ">"
+        raise ValueError(f"{name} must be finite and {bound} {minimum}, got {value}")
+    return value
+
+
+def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0) -> Problem:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
+    if q.device.type not in ("cuda", "cpu", "meta"):  # meta: shape-only tracing
+        raise ValueError(f"q is on unsupported device {q.device}")
+    B, Hq, Nq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch mismatch: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(f"head_dim mismatch: q {D}, k {k.shape[3]}, v {v.shape[3]}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have the same shape as k, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if Hq < 1 or Hkv < 1:
+        raise ValueError(f"heads must be >= 1, got q heads {Hq}, k/v heads {Hkv}")
+    if Hq % Hkv != 0:
+        raise ValueError(f"q heads ({Hq}) must be divisible by k/v heads ({Hkv}) for MQA/GQA")
+    if Nq < 1:
+        raise ValueError(f"q must have seqlen >= 1, got {Nq}")
+    if Nk < 1:
+        raise ValueError(f"k must have seqlen >= 1, got {Nk}")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head_dim {D} unsupported: must be a multiple of 8 from 16 to 256")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else _check_real("sm_scale", sm_scale, minimum=0.0, inclusive=False)
+    cap = _check_real("softcap", softcap, minimum=0.0, inclusive=True)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a (left, right) pair of ints, got {window_size!r}")
+    for i, w in enumerate(window_size):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"window_size[{i}] must be an int, got {type(w).__name__}")
+        if w < -1:
+            raise ValueError(f"window_size[{i}] must be >= 0, or -1 for unbounded; got {w}")
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0  # flash-attention's convention: causal caps the right extent at the diagonal
+    if left == -1 and right == -1:
+        mask = "none"
+    elif left == -1 and right == 0:
+        mask = "causal"
+    else:
+        mask = "local"
+    return Problem(
+        batch=B,
+        heads_q=Hq,
+        heads_kv=Hkv,
+        seqlen_q=Nq,
+        seqlen_k=Nk,
+        head_dim=D,
+        dtype=DTYPE_NAMES[q.dtype],
+        mask=mask,
+        window_left=left,
+        window_right=right,
+        sm_scale=scale,
+        softcap=cap,
+    )

@@ -1,0 +1,49 @@
+"""Attention written with plain PyTorch ops: the CPU fallback and the tests' oracle.
+
+It materialises the N x N score matrix, so it is for small problems only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .problem import Problem
+
+
+def visible(problem: Problem, device) -> torch.Tensor | None:
+    """Boolean (Nq, Nk) matrix of visible keys (bottom-right aligned), or None for no mask."""
+    if problem.mask == "none":
+        return None
+    rows = torch.arange(problem.seqlen_q, device=device)[:, None]
+    cols = torch.arange(problem.seqlen_k, device=device)[None, :]
+    rel = cols - (rows + problem.seqlen_k - problem.seqlen_q)
+    keep = torch.ones_like(rel, dtype=torch.bool)
+    if problem.window_right >= 0:
+        keep &= rel <= problem.window_right
+    if problem.window_left >= 0:
+        keep &= rel >= -problem.window_left
+    return keep
+
+
+def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float32):
+    """(out, lse) for ``problem``; matmuls in ``compute_dtype``, softmax statistics in fp32.
+
+    With compute_dtype equal to the input dtype this mimics what PyTorch itself would
+    get in that precision (the baseline of flash-attention's error criterion).
+    """
+    g = problem.group
+    kk = k.repeat_interleave(g, dim=1) if g > 1 else k
+    vv = v.repeat_interleave(g, dim=1) if g > 1 else v
+    qc, kc, vc = q.to(compute_dtype), kk.to(compute_dtype), vv.to(compute_dtype)
+    s = torch.matmul(qc, kc.transpose(-1, -2)).float() * problem.sm_scale
+    if problem.softcap > 0:
+        s = problem.softcap * torch.tanh(s / problem.softcap)
+    keep = visible(problem, q.device)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    empty = torch.isinf(lse) & (lse < 0)
+    p = torch.exp(s - torch.where(empty, 0.0, lse)[..., None])
+    out = torch.matmul(p.to(compute_dtype), vc).float()
+    out = out.masked_fill(empty[..., None], 0.0)
+    return out.to(q.dtype), lse

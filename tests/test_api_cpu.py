@@ -1,0 +1,78 @@
+import warnings
+
+import pytest
+import torch
+
+import fa2gen
+from fa2gen.runtime import api
+from fa2gen.runtime.defaults import default_params
+from fa2gen.runtime.dispatch import clear_memo, select_params
+from fa2gen.runtime.launch import effective_params, tma_compatible
+from fa2gen.runtime.problem import make_problem
+from fa2gen.runtime.reference import attention_reference
+from fa2gen.generator.arch import fits
+from fa2gen.generator.spec import HEAD_DIMS, KernelSpec, TuningParams
+from helpers import rand_qkv
+
+
+def test_attention_interpreter_path_and_lse():
+    q, k, v = rand_qkv(2, 4, 2, 33, 47, 64, seed=1)
+    out = fa2gen.attention(q, k, v, causal=True)
+    out2, lse = fa2gen.attention(q, k, v, causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, 4, 33) and lse.dtype == torch.float32
+    assert torch.equal(out, out2)
+    ref, ref_lse = attention_reference(q, k, v, make_problem(q, k, v, causal=True))
+    assert (out.float() - ref.float()).abs().max() < 4e-3
+    assert (lse - ref_lse).abs().max() < 1e-4
+
+
+def test_reference_path_warns_once(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(api, "_warned_cpu", False)
+    q, k, v = rand_qkv(1, 2, 2, 9, 9, 32)
+    with pytest.warns(RuntimeWarning, match="reference path"):
+        out = fa2gen.attention(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fa2gen.attention(q, k, v)
+    ref, _ = attention_reference(q, k, v, make_problem(q, k, v))
+    assert torch.equal(out, ref)
+
+
+def test_batch_zero_returns_empty():
+    q, k, v = rand_qkv(0, 2, 2, 9, 9, 32)
+    out, lse = fa2gen.attention(q, k, v, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (0, 2, 9)
+
+
+def test_tma_falls_back_on_misaligned_tensors():
+    q, k, v = rand_qkv(1, 2, 2, 16, 16, 64)
+    assert tma_compatible(q, k, v)
+    flat = torch.randn(1 + 2 * 16 * 64).half()
+    shifted = flat[1:].view(1, 2, 16, 64)  # 2-byte offset base
+    assert not tma_compatible(shifted)
+    p = TuningParams(loads="tma")
+    assert effective_params(p, q, shifted).loads == "pointer"
+    assert effective_params(p, q, k) is p
+
+
+def test_defaults_fit_every_arch_and_head_dim():
+    for arch in ("sm80", "sm86", "sm89", "sm90"):
+        for d in HEAD_DIMS:
+            for n in (1, 7, 64, 4096):
+                spec = KernelSpec(head_dim=d, mask="causal")
+                params = default_params(spec, arch, n)
+                assert fits(spec, params, arch) is None, (arch, d, params)
+                assert params.block_m <= max(16, 1 << (n - 1).bit_length())
+    assert default_params(KernelSpec(head_dim=128), "sm86", 4096).loads == "pointer"
+
+
+def test_dispatch_memoises_per_bucket():
+    clear_memo()
+    q, k, v = rand_qkv(1, 2, 2, 300, 300, 64)
+    p1 = select_params(make_problem(q, k, v), "sm90")
+    q2, k2, v2 = rand_qkv(1, 2, 2, 5000, 5000, 64)
+    assert select_params(make_problem(q2, k2, v2), "sm90") is p1
+    q3, _, _ = rand_qkv(1, 2, 2, 3, 3, 64)
+    assert select_params(make_problem(q3, k, v), "sm90").block_m == 16

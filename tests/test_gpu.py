@@ -1,0 +1,98 @@
+"""GPU checks at real sizes (marker ``gpu``; skipped without CUDA)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fa2gen
+from fa2gen.bench.correctness import check_forward
+from fa2gen.generator.cache import load_module
+from fa2gen.generator.spec import TuningParams
+from fa2gen.runtime.device import cuda_device_info
+from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.problem import make_problem
+from helpers import rand_qkv, run_and_check
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def _attention_checked(q, k, v, **kw):
+    problem = make_problem(q, k, v, **kw)
+    out, lse = fa2gen.attention(q, k, v, return_lse=True, **kw)
+    return check_forward(q, k, v, problem, out, lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 80, 128, 192, 256])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}], ids=["full", "causal"])
+def test_default_dispatch_real_sizes(dtype, D, kw):
+    q, k, v = rand_qkv(2, 4, 4, 2048 + 77, 2048 + 77, D, dtype=dtype, device="cuda", seed=D)
+    verdict = _attention_checked(q, k, v, **kw)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_long_sequence_16k(dtype, D):
+    q, k, v = rand_qkv(1, 2, 2, 16384, 16384, D, dtype=dtype, device="cuda", seed=1)
+    verdict = _attention_checked(q, k, v, causal=True)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("loads", ["pointer", "tma"])
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((2, 8, 2, 1000, 3001, 128), {"causal": True}),
+        ((2, 8, 1, 3001, 1000, 64), {"causal": True}),
+        ((1, 6, 3, 2500, 2500, 96), {"window_size": (256, 17)}),
+        ((1, 4, 4, 1777, 1777, 128), {"softcap": 30.0}),
+        ((3, 4, 2, 1, 4099, 128), {}),
+        ((1, 4, 4, 513, 513, 160), {"causal": True, "window_size": (100, -1), "softcap": 10.0}),
+    ],
+    ids=["gqa-causal-nk>nq", "mqa-causal-nq>nk", "window", "softcap", "decode", "d160-all"],
+)
+def test_features_on_both_load_paths(loads, shape, kw):
+    q, k, v = rand_qkv(*shape, device="cuda", seed=sum(shape))
+    params = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads=loads)
+    verdict, _, _ = run_and_check(q, k, v, params, **kw)
+    assert verdict.ok, str(verdict)
+
+
+def test_strided_layout_and_output_layout():
+    q, k, v = rand_qkv(2, 8, 8, 1500, 1500, 128, device="cuda", layout="bnhd", seed=4)
+    verdict = _attention_checked(q, k, v, causal=True)
+    assert verdict.ok, str(verdict)
+    assert fa2gen.attention(q, k, v).stride() == q.stride()
+
+
+def test_new_sequence_length_does_not_recompile():
+    q, k, v = rand_qkv(1, 4, 4, 1000, 1000, 64, device="cuda")
+    fa2gen.attention(q, k, v, causal=True)
+    problem = make_problem(q, k, v, causal=True)
+    params = select_params(problem, cuda_device_info(torch.cuda.current_device()).arch)
+    kernel = load_module(problem.kernel_spec(), params).attn_fwd
+    dev = torch.cuda.current_device()
+    compiled = len(kernel.device_caches[dev][0])
+    for n in (1001, 1777, 4096, 999):
+        q, k, v = rand_qkv(1, 4, 4, n, n + 3, 64, device="cuda", seed=n)
+        fa2gen.attention(q, k, v, causal=True)
+    assert len(kernel.device_caches[dev][0]) == compiled
+
+
+def test_bench_cli_on_gpu(tmp_path):
+    out = tmp_path / "b.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "fa2gen", "bench", "--shapes", "2,16,2048,128", "--dtypes", "fp16", "--causal", "both",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(out.read_text())
+    for row in data["results"]:
+        assert {"fa2gen", "sdpa-cudnn", "sdpa-flash", "flex"} <= set(row["tflops"]), row["skipped"]
+        assert row["max_diff_vs_fa2gen"]["sdpa-flash"] < 2e-2

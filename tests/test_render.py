@@ -1,0 +1,74 @@
+import ast
+import itertools
+
+import pytest
+
+from fa2gen.generator import render
+from fa2gen.generator.identity import Variant
+from fa2gen.generator.rendering import template_source
+from fa2gen.generator.spec import DTYPES, HEAD_DIMS, MASKS, KernelSpec, TuningParams, param_space
+
+STRUCTURAL_SPECS = [
+    KernelSpec(dtype=dt, head_dim=d, mask=m, softcap=sc)
+    for dt, d, m, sc in itertools.product(DTYPES, (64, 80), MASKS, (False, True))
+]
+
+
+@pytest.mark.parametrize("spec", STRUCTURAL_SPECS, ids=lambda s: f"{s.dtype}-d{s.head_dim}-{s.mask}-sc{int(s.softcap)}")
+def test_every_param_point_renders_and_parses(spec):
+    """Every point renders; only the header (name, CONFIG) and the load path vary.
+
+    Parsing 1250 whole modules per spec is slow, so each point's header is parsed on
+    its own and its body must equal a fully parsed representative body of its load path.
+    """
+    bodies = {}
+    for params in param_space(spec):
+        src = render(spec, params, name=Variant(spec, params).name)
+        head, body = src.split("\nLOG2E", 1)
+        tree = ast.parse(head)
+        config = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CONFIG")
+        assert ast.literal_eval(config.value) == {
+            "BLOCK_M": params.block_m, "BLOCK_N": params.block_n,
+            "num_warps": params.num_warps, "num_stages": params.num_stages,
+        }
+        if params.loads not in bodies:
+            ast.parse(src)
+            bodies[params.loads] = body
+        assert body == bodies[params.loads]
+    # Block sizes, warps and stages are constexpr/launch values: only the load path changes code.
+    assert set(bodies) == {"pointer", "tma"} and bodies["pointer"] != bodies["tma"]
+
+
+def test_every_head_dim_renders():
+    for d in HEAD_DIMS:
+        spec = KernelSpec(head_dim=d, mask="local", softcap=True)
+        ast.parse(render(spec, TuningParams(), name=Variant(spec, TuningParams()).name))
+
+
+def test_structure_follows_spec():
+    def src(**kw):
+        spec = KernelSpec(**{k: v for k, v in kw.items() if k in KernelSpec.__dataclass_fields__})
+        params = TuningParams(loads=kw.get("loads", "pointer"))
+        return render(spec, params, name=Variant(spec, params).name)
+
+    plain = src()
+    assert "tanh" not in plain.split("import triton")[1] and "win_left)" not in plain and ".load([" not in plain
+    assert "offs_d[None, :] < HEAD_DIM" not in plain  # no head padding at D=64
+    assert "offs_d[None, :] < HEAD_DIM" in src(head_dim=80)
+    assert "tanh" in src(softcap=True)
+    assert "K.load([b, hk, start_n, 0])" in src(loads="tma")
+    causal = src(mask="causal")
+    assert "offs_m[:, None] + diag" in causal and "win_right" not in causal.split("def attn_fwd")[1].split("m_i = tl.full")[0].replace("win_left, win_right,", "")
+    local = src(mask="local")
+    assert local.count("_attend_blocks(") == 4  # definition + three key ranges
+
+
+def test_template_header_lists_knobs():
+    head = template_source("fwd").split("import triton")[0]
+    for knob in ("mask", "softcap", "loads", "pad_head", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages"):
+        assert knob in head
+
+
+def test_render_rejects_unvalidated_input():
+    with pytest.raises(TypeError):
+        render({"head_dim": 64}, TuningParams(), name="x")

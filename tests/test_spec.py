@@ -1,0 +1,102 @@
+import dataclasses
+
+import pytest
+import triton
+
+from fa2gen.generator import identity, rendering
+from fa2gen.generator.identity import Variant
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams
+
+
+def test_defaults_are_valid():
+    KernelSpec()
+    TuningParams()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("direction", "bwd_typo"),
+        ("dtype", "fp32"),
+        ("head_dim", 12),
+        ("head_dim", 264),
+        ("head_dim", 64.0),
+        ("head_dim", True),
+        ("mask", "causal\nimport os"),
+        ("softcap", 1),
+        ("softcap", "yes"),
+    ],
+)
+def test_spec_rejects(field, value):
+    with pytest.raises(SpecError, match=field):
+        KernelSpec(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("block_m", 48), ("block_m", 512), ("block_n", "64"), ("num_warps", 3), ("num_stages", 0),
+     ("num_stages", True), ("loads", "tma; os.system('x')")],
+)
+def test_params_reject(field, value):
+    with pytest.raises(SpecError, match=field):
+        TuningParams(**{field: value})
+
+
+def test_from_dict_round_trip_and_unknown_fields():
+    s = KernelSpec(dtype="bf16", head_dim=80, mask="local", softcap=True)
+    assert KernelSpec.from_dict(s.to_dict()) == s
+    p = TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma")
+    assert TuningParams.from_dict(p.to_dict()) == p
+    with pytest.raises(SpecError, match="unknown"):
+        TuningParams.from_dict({**p.to_dict(), "__class__": "x"})
+    with pytest.raises(SpecError, match="mapping"):
+        KernelSpec.from_dict(["fwd"])
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        KernelSpec().head_dim = 128
+
+
+def test_head_dim_padding():
+    assert KernelSpec(head_dim=80).head_dim_padded == 128
+    assert KernelSpec(head_dim=64).head_dim_padded == 64
+    assert KernelSpec(head_dim=16).head_dim_padded == 16
+    assert KernelSpec(head_dim=200).head_dim_padded == 256
+
+
+def test_name_and_digest_are_stable_and_derived():
+    v = Variant(KernelSpec(dtype="bf16", head_dim=96, mask="causal"), TuningParams(128, 64, 4, 3, "tma"))
+    again = Variant(KernelSpec(dtype="bf16", head_dim=96, mask="causal"), TuningParams(128, 64, 4, 3, "tma"))
+    assert v.name == again.name and v.digest == again.digest
+    assert v.name.startswith("fa2gen_fwd_bf16_d96_causal_m128_n64_w4_s3_tma_")
+    assert v.name.endswith(v.digest) and len(v.digest) == 12
+    assert v.name.isidentifier()
+
+
+def test_every_field_changes_the_digest():
+    base = Variant(KernelSpec(), TuningParams())
+    changed = [
+        Variant(KernelSpec(dtype="bf16"), TuningParams()),
+        Variant(KernelSpec(head_dim=72), TuningParams()),
+        Variant(KernelSpec(mask="local"), TuningParams()),
+        Variant(KernelSpec(softcap=True), TuningParams()),
+        Variant(KernelSpec(), TuningParams(block_m=128)),
+        Variant(KernelSpec(), TuningParams(block_n=32)),
+        Variant(KernelSpec(), TuningParams(num_warps=8)),
+        Variant(KernelSpec(), TuningParams(num_stages=3)),
+        Variant(KernelSpec(), TuningParams(loads="tma")),
+    ]
+    digests = {base.digest} | {v.digest for v in changed}
+    assert len(digests) == len(changed) + 1
+
+
+def test_digest_covers_template_and_triton_version(monkeypatch):
+    v0 = Variant(KernelSpec(), TuningParams()).digest
+    monkeypatch.setattr(triton, "__version__", "0.0.0-other")
+    v1 = Variant(KernelSpec(), TuningParams()).digest
+    monkeypatch.undo()
+    monkeypatch.setattr(identity, "template_hash", lambda direction: "feedfacefeedface")
+    v2 = Variant(KernelSpec(), TuningParams()).digest
+    assert len({v0, v1, v2}) == 3
+    assert rendering.template_hash("fwd") != "feedfacefeedface"
