@@ -166,7 +166,10 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out) -> None:
     from .bench import report
     from .bench.runner import environment, run_case
 
-    console = Console()
+    import sys
+
+    # Piped output (logs, CI) gets a wide fixed width so the ratio table does not wrap.
+    console = Console(width=None if sys.stdout.isatty() else 200)
     results = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:

@@ -1,12 +1,21 @@
-"""Test setup. CPU tests run the generated kernels under Triton's interpreter, which
-must be switched on before any generated module is imported."""
+"""Test setup.
+
+Without a GPU, kernels run under Triton's interpreter, which must be switched on
+before triton is imported. Tests marked ``interpreter`` run kernels on CPU tensors
+and need it; tests marked ``gpu`` need CUDA and compiled kernels. One process can
+hold only one of the two modes, so each run skips the other kind.
+"""
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @pytest.fixture(autouse=True)
@@ -17,9 +26,11 @@ def _kernel_cache(tmp_path_factory, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    gpu_ok = torch.cuda.is_available() and not INTERPRETING
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU with compiled (not interpreted) kernels")
+    skip_interp = pytest.mark.skip(reason="needs TRITON_INTERPRET=1 (the default without a GPU)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not gpu_ok:
+            item.add_marker(skip_gpu)
+        if "interpreter" in item.keywords and not INTERPRETING:
+            item.add_marker(skip_interp)

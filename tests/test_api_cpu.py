@@ -15,6 +15,7 @@ from fa2gen.generator.spec import HEAD_DIMS, KernelSpec, TuningParams
 from helpers import rand_qkv
 
 
+@pytest.mark.interpreter
 def test_attention_interpreter_path_and_lse():
     q, k, v = rand_qkv(2, 4, 2, 33, 47, 64, seed=1)
     out = fa2gen.attention(q, k, v, causal=True)

@@ -50,5 +50,5 @@ def test_load_module_memoises_and_exposes_kernel(tmp_path, monkeypatch):
     assert mod.SPEC == spec.to_dict() and mod.LOADS == "pointer"
     assert callable(getattr(mod.attn_fwd, "__getitem__", None))
     assert module_path(Variant(spec, params)).exists()
-    key = (Variant(spec, params).name, cache.interpreting())
+    key = (spec, params, cache.interpreting())
     assert cache._modules[key] is mod

@@ -51,6 +51,7 @@ def test_info_rejects_bad_shape():
     assert r.exit_code == 2 and "head_dim" in r.output
 
 
+@pytest.mark.interpreter
 def test_bench_cpu_writes_json_and_markdown(tmp_path):
     js, md = tmp_path / "r.json", tmp_path / "r.md"
     r = runner.invoke(app, ["bench", "--shapes", "1,2,40,32;1,4,2,33,50,64", "--dtypes", "fp16", "--causal", "both",

@@ -6,6 +6,8 @@ import torch
 from fa2gen.generator.spec import TuningParams
 from helpers import rand_qkv, run_and_check
 
+pytestmark = pytest.mark.interpreter
+
 P_SMALL = TuningParams(block_m=16, block_n=16, num_warps=4, num_stages=1, loads="pointer")
 P_WIDE = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=2, loads="pointer")
 P_TMA = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2, loads="tma")

@@ -39,6 +39,22 @@ def _time_cpu(fn, reps: int = 3) -> list[float]:
     return [samples[0], samples[len(samples) // 2], samples[-1]]
 
 
+def warm_gpu(ms: float = 100.0) -> None:
+    """Keep the GPU busy for ``ms`` so that every provider is timed at working clocks.
+
+    Without it the first provider after a long host-side pause (FlexAttention's
+    compile) is timed while the clocks ramp up, which biases short cells.
+    """
+    import time
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def run_case(case: Case, providers: list[str], device: torch.device, *, seed: int = 0) -> Result:
     q, k, v = make_inputs(case, device, seed=seed)
     result = Result(case)
@@ -56,6 +72,7 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
                 torch.cuda.synchronize()
                 from .timing import measure
 
+                warm_gpu()
                 t = measure(fn)
                 result.ms[name] = [t.p20_ms, t.median_ms, t.p80_ms]
             else:

@@ -21,7 +21,7 @@ from .identity import Variant
 from .rendering import render
 from .spec import KernelSpec, TuningParams
 
-_modules: dict[tuple[str, bool], ModuleType] = {}
+_modules: dict[tuple[KernelSpec, TuningParams, bool], ModuleType] = {}
 _lock = threading.Lock()
 
 
@@ -57,19 +57,20 @@ def write_module(variant: Variant, cache_dir: Path | None = None) -> Path:
 def load_module(spec: KernelSpec, params: TuningParams) -> ModuleType:
     """The imported module of a variant, rendered and cached on first use.
 
-    Memoized per process and per interpreter mode: Triton decides at decoration
-    time whether a kernel is compiled or interpreted.
+    Memoized per process and per interpreter mode (Triton decides at decoration time
+    whether a kernel is compiled or interpreted). The memo is keyed by the frozen
+    dataclasses themselves, so a hit costs a dict lookup, not a digest.
     """
-    variant = Variant(spec, params)
-    key = (variant.name, interpreting())
+    key = (spec, params, interpreting())
     module = _modules.get(key)
     if module is not None:
         return module
     with _lock:
         module = _modules.get(key)
         if module is None:
+            variant = Variant(spec, params)
             path = write_module(variant)
-            mod_name = f"fa2gen._generated.{variant.name}{'_interp' if key[1] else ''}"
+            mod_name = f"fa2gen._generated.{variant.name}{'_interp' if key[2] else ''}"
             import_spec = importlib.util.spec_from_file_location(mod_name, path)
             module = importlib.util.module_from_spec(import_spec)
             sys.modules[mod_name] = module

@@ -15,10 +15,12 @@ _ALIGN = 16  # bytes: tensor descriptors need 16-byte aligned bases and strides
 def tma_compatible(*tensors: torch.Tensor) -> bool:
     """Whether every tensor can be addressed by a tensor descriptor."""
     for t in tensors:
+        size = t.element_size()
         if t.data_ptr() % _ALIGN:
             return False
-        if any(s <= 0 or (s * t.element_size()) % _ALIGN for s in t.stride()[:-1]):
-            return False
+        for s in t.stride()[:-1]:
+            if s <= 0 or (s * size) % _ALIGN:
+                return False
     return True
 
 

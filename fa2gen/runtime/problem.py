@@ -6,6 +6,7 @@ input fails here, with an error naming the argument, before any kernel runs.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -39,13 +40,7 @@ class Problem:
         return self.heads_q // self.heads_kv
 
     def kernel_spec(self) -> KernelSpec:
-        return KernelSpec(
-            direction="fwd",
-            dtype=self.dtype,
-            head_dim=self.head_dim,
-            mask=self.mask,
-            softcap=self.softcap > 0,
-        )
+        return _forward_spec(self.dtype, self.head_dim, self.mask, self.softcap > 0)
 
     def flops(self) -> float:
         """Forward FLOPs by the FlashAttention-2 paper's count (halved when causal and square)."""
@@ -53,6 +48,12 @@ class Problem:
         if self.mask == "causal" and self.seqlen_q == self.seqlen_k:
             f /= 2
         return f
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_spec(dtype: str, head_dim: int, mask: str, softcap: bool) -> KernelSpec:
+    # Specs are immutable and few: build (and validate) each once, not per call.
+    return KernelSpec(direction="fwd", dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
 
 
 def _check_tensor(name: str, t) -> None:
