@@ -23,9 +23,9 @@ from fa2gen.runtime.problem import make_problem
 
 CELLS = [(64, True, 512), (64, False, 1024), (64, True, 1024), (128, True, 512), (128, False, 512), (64, False, 4096)]
 CONFIGS = [
-    TuningParams(64, 128, 4, 2, "tma"), TuningParams(128, 64, 4, 2, "tma"), TuningParams(128, 128, 8, 2, "tma"),
-    TuningParams(64, 64, 4, 2, "tma"), TuningParams(128, 64, 8, 3, "pointer"), TuningParams(64, 64, 4, 3, "pointer"),
-    TuningParams(128, 32, 4, 3, "tma"), TuningParams(64, 32, 4, 3, "tma"),
+    TuningParams(64, 128, 4, 2, "tma_host"), TuningParams(128, 64, 4, 2, "tma_host"), TuningParams(128, 128, 8, 2, "tma_host"),
+    TuningParams(64, 64, 4, 2, "tma_host"), TuningParams(128, 64, 8, 3, "pointer"), TuningParams(64, 64, 4, 3, "pointer"),
+    TuningParams(128, 32, 4, 3, "tma_host"), TuningParams(64, 32, 4, 3, "tma_host"),
 ]
 
 
@@ -65,7 +65,7 @@ def main(out_path):
             "host_us_attention": round(host_us(lambda: fa2gen.attention(q, k, v, causal=causal)), 1),
             "host_us_forward": round(host_us(lambda: forward(q, k, v, pr, params)), 1),
             "host_us_forward_pointer": round(host_us(lambda: forward(q, k, v, pr, params.replace(loads="pointer"))), 1),
-            "host_us_forward_tma": round(host_us(lambda: forward(q, k, v, pr, params.replace(loads="tma"))), 1),
+            "host_us_forward_tma": round(host_us(lambda: forward(q, k, v, pr, params.replace(loads="tma_host"))), 1),
             "configs": {},
         }
         for p in CONFIGS:

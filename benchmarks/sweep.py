@@ -26,10 +26,10 @@ from fa2gen.runtime.problem import make_problem
 def candidates(head_dim: int):
     """A sweep small enough for one short GPU session (about 28 variants per spec)."""
     if head_dim > 128:
-        space = [("tma", bm, bn, w, s) for bm in (64, 128) for bn in (32, 64) for w in (4, 8) for s in (1, 2)]
+        space = [("tma_host", bm, bn, w, s) for bm in (64, 128) for bn in (32, 64) for w in (4, 8) for s in (1, 2)]
     else:
-        space = [("tma", bm, bn, w, s) for bm in (64, 128) for bn in (64, 128) for w in (4, 8) for s in (2, 3)]
-        space += [("tma", 128, 32, 4, s) for s in (2, 3)] + [("tma", 128, 64, w, 4) for w in (4, 8)]
+        space = [("tma_host", bm, bn, w, s) for bm in (64, 128) for bn in (64, 128) for w in (4, 8) for s in (2, 3)]
+        space += [("tma_host", 128, 32, 4, s) for s in (2, 3)] + [("tma_host", 128, 64, w, 4) for w in (4, 8)]
         space += [("pointer", 128, bn, w, s) for bn in (64, 128) for w in (4, 8) for s in (2, 3)]
     for loads, bm, bn, w, s in space:
         yield TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=loads)

@@ -53,9 +53,10 @@ def test_tma_falls_back_on_misaligned_tensors():
     flat = torch.randn(1 + 2 * 16 * 64).half()
     shifted = flat[1:].view(1, 2, 16, 64)  # 2-byte offset base
     assert not tma_compatible(shifted)
-    p = TuningParams(loads="tma")
-    assert effective_params(p, q, shifted).loads == "pointer"
-    assert effective_params(p, q, k) is p
+    for loads in ("tma_device", "tma_host"):
+        p = TuningParams(loads=loads)
+        assert effective_params(p, q, shifted).loads == "pointer"
+        assert effective_params(p, q, k) is p
 
 
 def test_defaults_fit_every_arch_and_head_dim():

@@ -12,13 +12,13 @@ runner = CliRunner()
 
 
 def test_generate_prints_parseable_source():
-    r = runner.invoke(app, ["generate", "--head-dim", "96", "--mask", "local", "--softcap", "--loads", "tma",
+    r = runner.invoke(app, ["generate", "--head-dim", "96", "--mask", "local", "--softcap", "--loads", "tma_device",
                             "--block-m", "128", "--num-stages", "3"])
     assert r.exit_code == 0, r.output
     tree = ast.parse(r.stdout)
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     assert {"attn_fwd", "_attend_blocks"} <= names
-    assert "fa2gen_fwd_fp16_d96_local_softcap_m128_n64_w4_s3_tma_" in r.stdout
+    assert "fa2gen_fwd_fp16_d96_local_softcap_m128_n64_w4_s3_tma_device_" in r.stdout
 
 
 @pytest.mark.parametrize("args,match", [

@@ -10,8 +10,9 @@ pytestmark = pytest.mark.interpreter
 
 P_SMALL = TuningParams(block_m=16, block_n=16, num_warps=4, num_stages=1, loads="pointer")
 P_WIDE = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=2, loads="pointer")
-P_TMA = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2, loads="tma")
-POINTS = [P_SMALL, P_WIDE, P_TMA]
+P_TMA = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2, loads="tma_host")
+P_TMA_DEV = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=2, loads="tma_device")
+POINTS = [P_SMALL, P_WIDE, P_TMA, P_TMA_DEV]
 
 # (B, Hq, Hkv, Nq, Nk, D): odd lengths, Nq != Nk both ways, GQA/MQA, padded head dims
 SHAPES = [
@@ -44,7 +45,7 @@ def test_forward_matches_reference(params, shape, kw):
     assert verdict.ok, str(verdict)
 
 
-@pytest.mark.parametrize("params", [P_WIDE, P_TMA], ids=["pointer", "tma"])
+@pytest.mark.parametrize("params", [P_WIDE, P_TMA, P_TMA_DEV], ids=["pointer", "tma_host", "tma_device"])
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (5, 5)}], ids=_id)
 def test_bf16(params, kw):
     q, k, v = rand_qkv(2, 2, 1, 41, 58, 80, dtype=torch.bfloat16, seed=3)
@@ -52,7 +53,7 @@ def test_bf16(params, kw):
     assert verdict.ok, str(verdict)
 
 
-@pytest.mark.parametrize("params", [P_SMALL, P_TMA], ids=["pointer", "tma"])
+@pytest.mark.parametrize("params", [P_SMALL, P_TMA, P_TMA_DEV], ids=["pointer", "tma_host", "tma_device"])
 def test_strided_bnhd_layout(params):
     # (B, N, H, D) storage seen as (B, H, N, D): no copy needed, output keeps the layout.
     q, k, v = rand_qkv(2, 4, 2, 29, 40, 64, layout="bnhd", seed=5)

@@ -43,7 +43,7 @@ def test_long_sequence_16k(dtype, D):
     assert verdict.ok, str(verdict)
 
 
-@pytest.mark.parametrize("loads", ["pointer", "tma"])
+@pytest.mark.parametrize("loads", ["pointer", "tma_device", "tma_host"])
 @pytest.mark.parametrize(
     "shape,kw",
     [

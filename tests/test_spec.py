@@ -45,7 +45,7 @@ def test_params_reject(field, value):
 def test_from_dict_round_trip_and_unknown_fields():
     s = KernelSpec(dtype="bf16", head_dim=80, mask="local", softcap=True)
     assert KernelSpec.from_dict(s.to_dict()) == s
-    p = TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma")
+    p = TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host")
     assert TuningParams.from_dict(p.to_dict()) == p
     with pytest.raises(SpecError, match="unknown"):
         TuningParams.from_dict({**p.to_dict(), "__class__": "x"})
@@ -66,10 +66,10 @@ def test_head_dim_padding():
 
 
 def test_name_and_digest_are_stable_and_derived():
-    v = Variant(KernelSpec(dtype="bf16", head_dim=96, mask="causal"), TuningParams(128, 64, 4, 3, "tma"))
-    again = Variant(KernelSpec(dtype="bf16", head_dim=96, mask="causal"), TuningParams(128, 64, 4, 3, "tma"))
+    v = Variant(KernelSpec(dtype="bf16", head_dim=96, mask="causal"), TuningParams(128, 64, 4, 3, "tma_host"))
+    again = Variant(KernelSpec(dtype="bf16", head_dim=96, mask="causal"), TuningParams(128, 64, 4, 3, "tma_host"))
     assert v.name == again.name and v.digest == again.digest
-    assert v.name.startswith("fa2gen_fwd_bf16_d96_causal_m128_n64_w4_s3_tma_")
+    assert v.name.startswith("fa2gen_fwd_bf16_d96_causal_m128_n64_w4_s3_tma_host_")
     assert v.name.endswith(v.digest) and len(v.digest) == 12
     assert v.name.isidentifier()
 
@@ -85,7 +85,8 @@ def test_every_field_changes_the_digest():
         Variant(KernelSpec(), TuningParams(block_n=32)),
         Variant(KernelSpec(), TuningParams(num_warps=8)),
         Variant(KernelSpec(), TuningParams(num_stages=3)),
-        Variant(KernelSpec(), TuningParams(loads="tma")),
+        Variant(KernelSpec(), TuningParams(loads="tma_device")),
+        Variant(KernelSpec(), TuningParams(loads="tma_host")),
     ]
     digests = {base.digest} | {v.digest for v in changed}
     assert len(digests) == len(changed) + 1

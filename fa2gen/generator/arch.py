@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import KernelSpec, TuningParams
+from .spec import TMA_LOADS, KernelSpec, TuningParams
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:
     info = ARCHES.get(arch)
     if info is None:
         return f"unknown arch {arch!r}"
-    if params.loads == "tma" and not info.has_tma:
+    if params.loads in TMA_LOADS and not info.has_tma:
         return f"tma loads need sm90+, {arch} has none"
     if params.num_warps > info.max_warps:
         return f"num_warps {params.num_warps} > {info.max_warps}"

@@ -52,5 +52,5 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
         pad_head=spec.head_dim != spec.head_dim_padded,
         mask=spec.mask,
         softcap=spec.softcap,
-        tma=params.loads == "tma",
+        loads=params.loads,
     )

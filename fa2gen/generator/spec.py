@@ -15,7 +15,8 @@ from typing import Any, Mapping
 DIRECTIONS = ("fwd",)
 DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
-LOADS = ("pointer", "tma")
+LOADS = ("pointer", "tma_device", "tma_host")
+TMA_LOADS = ("tma_device", "tma_host")
 HEAD_DIMS = tuple(range(16, 257, 8))
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 NUM_WARPS = (1, 2, 4, 8, 16)
@@ -79,8 +80,10 @@ class KernelSpec:
 class TuningParams:
     """How a kernel is tiled and scheduled; any valid point computes the same result.
 
-    loads: "pointer" (masked pointer loads, any arch, any alignment) or "tma"
-        (tensor descriptors: sm90+, 16-byte aligned base and strides).
+    loads: "pointer" (masked pointer loads, any arch, any alignment), or tensor
+        descriptors (sm90+, 16-byte aligned bases and strides) built in the kernel
+        ("tma_device", which needs a Triton allocator for their scratch) or on the
+        host ("tma_host", which costs a descriptor encode per tensor per launch).
     """
 
     block_m: int = 64

@@ -43,9 +43,14 @@ def attention(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if q.device.type == "cuda":
-        arch = cuda_device_info(q.device.index if q.device.index is not None else torch.cuda.current_device()).arch
-        with torch.cuda.device(q.device):
-            out, lse = forward(q, k, v, problem, select_params(problem, arch))
+        index = q.device.index
+        current = torch.cuda.current_device()
+        params = select_params(problem, cuda_device_info(current if index is None else index).arch)
+        if index is None or index == current:
+            out, lse = forward(q, k, v, problem, params)
+        else:  # Triton launches on the current device
+            with torch.cuda.device(index):
+                out, lse = forward(q, k, v, problem, params)
     elif interpreting():
         out, lse = forward(q, k, v, problem, select_params(problem, "cpu"))
     else:

@@ -14,9 +14,9 @@ from ..generator.spec import KernelSpec, TuningParams, next_pow2
 _SM90 = [
     # Sweep of 28 variants per spec on the FA2 grid (benchmarks/results/sweep-fwd-h200-fp16.json):
     # D=64 prefers short, wide tiles (64x128); D=128 prefers 128x64 with two stages.
-    (64, TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=2, loads="tma")),
-    (128, TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma")),
-    (256, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma")),
+    (64, TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=2, loads="tma_host")),
+    (128, TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma_host")),
+    (256, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")),
 ]
 
 _AMPERE = [

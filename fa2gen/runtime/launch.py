@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..generator.cache import interpreting, load_module
-from ..generator.spec import TuningParams
+from ..generator.spec import TMA_LOADS, TuningParams
 from .interpreter import patch_interpreter
 from .problem import Problem
 
@@ -24,6 +24,24 @@ def tma_compatible(*tensors: torch.Tensor) -> bool:
     return True
 
 
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # In-kernel descriptors live in a per-launch global scratch buffer (128 B each).
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Give Triton an allocator for in-kernel descriptors, unless the caller set one.
+
+    Triton keeps the allocator in a context variable that starts as a null allocator
+    in every thread, so the check runs per launch (a context-variable read).
+    """
+    import triton
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
+
+
 def _descriptor(t: torch.Tensor, rows: int, head_dim_padded: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -32,7 +50,7 @@ def _descriptor(t: torch.Tensor, rows: int, head_dim_padded: int):
 
 def effective_params(params: TuningParams, *tensors: torch.Tensor) -> TuningParams:
     """``params`` with tensor-descriptor loads swapped for pointers where the tensors forbid them."""
-    if params.loads == "tma" and not tma_compatible(*tensors):
+    if params.loads in TMA_LOADS and not tma_compatible(*tensors):
         return params.replace(loads="pointer")
     return params
 
@@ -54,7 +72,9 @@ def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=No
     spec = problem.kernel_spec()
     module = load_module(spec, params)
     dp = spec.head_dim_padded
-    if params.loads == "tma":
+    if params.loads == "tma_device" and q.device.type == "cuda":
+        ensure_allocator()
+    if params.loads == "tma_host":
         args = (
             _descriptor(q, params.block_m, dp),
             _descriptor(k, params.block_n, dp),

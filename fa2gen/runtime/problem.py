@@ -68,7 +68,7 @@ def _check_tensor(name: str, t) -> None:
 
 
 def _check_real(name: str, value, *, minimum: float, inclusive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
     ok = value >= minimum if inclusive else value > minimum
@@ -113,7 +113,7 @@ def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), 
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size must be a (left, right) pair of ints, got {window_size!r}")
     for i, w in enumerate(window_size):
-        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+        if type(w) is not int and (isinstance(w, bool) or not isinstance(w, numbers.Integral)):
             raise TypeError(f"window_size[{i}] must be an int, got {type(w).__name__}")
         if w < -1:
             raise ValueError(f"window_size[{i}] must be >= 0, or -1 for unbounded; got {w}")
