@@ -14,9 +14,13 @@ from ..generator.spec import KernelSpec, TuningParams, next_pow2
 _SM90 = [
     # Sweep of 28 variants per spec on the FA2 grid (benchmarks/results/sweep-fwd-h200-fp16.json):
     # D=64 prefers short, wide tiles (64x128); D=128 prefers 128x64 with two stages.
+    # Host descriptors beat in-kernel ones and pointers on all 24 fp16 cells' geomean
+    # (benchmarks/results/loads-ab.json: 372 vs 340 vs 296 TFLOP/s end to end).
     (64, TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=2, loads="tma_host")),
     (128, TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma_host")),
-    (256, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")),
+    # D=256 (benchmarks/results/loads-ab.json, B=4 H=8 N=4096): 128x64 with 8 warps ran 532/451
+    # TFLOP/s (full/causal) against 416/356 for 64x64 with 4 warps.
+    (256, TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host")),
 ]
 
 _AMPERE = [
