@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .grid import Case
 from .runner import Result, geomean
 
 SHORT = {"fa2gen": "fa2gen", "sdpa-cudnn": "cuDNN", "sdpa-flash": "FA2", "sdpa-efficient": "mem-eff",
@@ -91,3 +92,15 @@ def write_png(path: Path, results: list[Result], providers: list[str], title: st
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def read_json(path: Path) -> tuple[dict, list[str], list[Result]]:
+    """(environment, providers, results) from a file written by ``write_json``."""
+    data = json.loads(Path(path).read_text())
+    results = []
+    for row in data["results"]:
+        r = Result(Case(**row["case"]))
+        r.tflops, r.ms, r.skipped = row["tflops"], row["ms"], row["skipped"]
+        r.max_diff = row.get("max_diff_vs_fa2gen", {})
+        results.append(r)
+    return data["environment"], data["providers"], results
