@@ -18,6 +18,7 @@ from fa2gen.bench.grid import canonical_grid, make_inputs, Case
 from fa2gen.bench.runner import warm_gpu
 from fa2gen.bench.timing import measure
 from fa2gen.generator.spec import TuningParams
+from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
@@ -33,7 +34,7 @@ def main(out_path: str) -> None:
     dev = torch.device("cuda")
     for case in canonical_grid(dtypes=("fp16",)):
         q, k, v = make_inputs(case, dev)
-        base = select_params(make_problem(q, k, v, causal=case.causal), "sm90")
+        base = select_params(make_problem(q, k, v, causal=case.causal), cuda_device_info(torch.cuda.current_device()))
         row = {"cell": case.label(), "e2e": {}, "graph": {}}
         for loads in LOADS:
             p = base.replace(loads=loads)

@@ -17,6 +17,7 @@ import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.bench.timing import measure
 from fa2gen.generator.spec import TuningParams
+from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
@@ -55,7 +56,7 @@ def main(out_path):
         case = Case(16384 // n, 2048 // d, n, d, causal, "fp16")
         q, k, v = make_inputs(case, torch.device("cuda"))
         pr = make_problem(q, k, v, causal=causal)
-        params = select_params(pr, "sm90")
+        params = select_params(pr, cuda_device_info(torch.cuda.current_device()))
         tf = lambda ms: round(case.flops() / ms / 1e9, 1)
         row = {
             "cell": case.label(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -79,18 +80,21 @@ def info(
     from .generator.cache import interpreting
     from .paths import kernel_cache_dir
     from .runtime.device import cuda_device_info
-    from .runtime.dispatch import select_params
+    from .runtime.dispatch import explain
+    from .store.db import default_db_path
+    from .store.shipped import shipped_root
     from .runtime.problem import make_problem
 
     typer.echo(f"fa2gen {__version__}  torch {torch.__version__}  triton {triton.__version__}")
     typer.echo(f"kernel cache: {kernel_cache_dir()}")
+    typer.echo(f"tuned database: {default_db_path()}")
+    typer.echo(f"shipped configs: {shipped_root()}")
+    dev = None
     if torch.cuda.is_available():
         dev = cuda_device_info(torch.cuda.current_device())
         typer.echo(f"GPU: {torch.cuda.get_device_name()} ({dev.name}), cc {dev.capability[0]}.{dev.capability[1]}, "
                    f"arch {dev.arch}, {dev.sm_count} SMs")
-        arch, where = dev.arch, "cuda"
     else:
-        arch = "cpu"
         where = "Triton interpreter" if interpreting() else "PyTorch reference path (set TRITON_INTERPRET=1 for the interpreter)"
         typer.echo(f"GPU: none; CPU tensors run on the {where}")
     if dtype not in ("fp16", "bf16"):
@@ -104,9 +108,10 @@ def info(
         problem = make_problem(q, k, k, causal=causal)
     except (TypeError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
-    params = select_params(problem, arch)
+    choice = explain(problem, dev)
     typer.echo(f"shape: B={batch} Hq={heads} Hkv={hk} Nq={seqlen_q} Nk={nk} D={head_dim} {dtype} mask={problem.mask}")
-    typer.echo(f"config ({arch}, heuristic default): {params.to_dict()}")
+    tuned_for = f", tuned for {choice.bucket.key}" if choice.bucket else ""
+    typer.echo(f"config ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): {choice.params.to_dict()}")
 
 
 @app.command()
@@ -166,8 +171,6 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out) -> None:
     from .bench import report
     from .bench.runner import environment, run_case
 
-    import sys
-
     # Piped output (logs, CI) gets a wide fixed width so the ratio table does not wrap.
     console = Console(width=None if sys.stdout.isatty() else 200)
     results = []
@@ -198,6 +201,211 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out) -> None:
         markdown_out.write_text(report.markdown(results, names) + "\n")
     if png:
         report.write_png(png, results, names, f"fa2gen forward on {env['device']}")
+
+
+@app.command()
+def tune(
+    arch: Annotated[str, typer.Option(help="search space and output naming: sm80, sm86, sm89 or sm90")],
+    grid: Annotated[Optional[Path], typer.Option(help="YAML file of problems to tune (default: built-in grid)")] = None,
+    trials: Annotated[int, typer.Option(help="finished trials per bucket (pruned ones count)")] = 40,
+    time_budget: Annotated[Optional[float], typer.Option(help="stop after this many seconds in all")] = None,
+    db: Annotated[Optional[Path], typer.Option(help="results database (default: FA2GEN_DB or the user cache)")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL for the studies")] = None,
+    sampler: Annotated[str, typer.Option(help="tpe, or brute (exhaustive) for small spaces")] = "tpe",
+    resume: Annotated[bool, typer.Option(help="continue existing studies (--no-resume starts them over)")] = True,
+    seed: int = 0,
+    workers: Annotated[Optional[int], typer.Option(help="parallel compile processes")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="tune only the first N buckets of the grid")] = None,
+) -> None:
+    """Search the fastest correct config per problem bucket on the local GPU."""
+    import torch
+
+    from .runtime.device import cuda_device_info
+    from .tuner.space import SPACES
+
+    if arch not in SPACES:
+        raise typer.BadParameter(f"choose from {', '.join(SPACES)}", param_hint="--arch")
+    if not torch.cuda.is_available():
+        typer.echo("fa2gen tune: no CUDA GPU found; tuning needs the GPU it tunes for", err=True)
+        raise typer.Exit(2)
+    dev = cuda_device_info(torch.cuda.current_device())
+    if dev.arch != arch:
+        typer.echo(f"fa2gen tune: this GPU ({dev.name}) is {dev.arch}, not {arch}", err=True)
+        raise typer.Exit(2)
+    if trials < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--trials")
+    from .tuner.evaluate import GpuEvaluator
+
+    evaluator = GpuEvaluator(workers=workers, seed=seed)
+    try:
+        _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit)
+    finally:
+        evaluator.close()
+
+
+def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit) -> None:
+    """The body of ``fa2gen tune`` after the GPU checks (CPU tests drive it with a cost model)."""
+    import triton
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .generator.rendering import template_hash
+    from .runtime.dispatch import clear_memo
+    from .store.db import TunedDB
+    from .store.records import Validity
+    from .tuner.grid import GridError, default_buckets, read_grid
+    from .tuner.run import TuneOptions, open_storage, tune as run_tune
+    from .tuner.space import space_for
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and table report instead
+    try:
+        buckets = read_grid(grid) if grid else default_buckets()
+    except GridError as e:
+        raise typer.BadParameter(str(e), param_hint="--grid") from None
+    if limit:
+        buckets = buckets[:limit]
+    results_db = TunedDB(db)
+    storage_url = storage or f"sqlite:///{results_db.path.with_name(results_db.path.stem + '-studies.sqlite')}"
+    cap = f"{dev.capability[0]}.{dev.capability[1]}"
+
+    def validity_for(bucket):
+        return Validity(dev.name, cap, triton.__version__, template_hash(bucket.direction))
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    state = {"bucket": None}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("tune", total=len(buckets) * trials)
+
+        def on_bucket_start(i, bucket):
+            state["bucket"] = (i, bucket)
+            progress.update(task, completed=i * trials, description=f"[{i + 1}/{len(buckets)}] {bucket.key}")
+
+        def on_progress(done, best):
+            i, bucket = state["bucket"]
+            best_txt = f" best {best:.4f} ms" if best is not None else ""
+            progress.update(task, completed=i * trials + min(done, trials),
+                            description=f"[{i + 1}/{len(buckets)}] {bucket.key}{best_txt}")
+
+        results = run_tune(
+            buckets, evaluator, space_for(arch), db=results_db, storage=open_storage(storage_url),
+            validity_for=validity_for,
+            options=TuneOptions(trials=trials, time_budget_s=time_budget, sampler=sampler, seed=seed, resume=resume),
+            on_bucket_start=on_bucket_start, on_progress=on_progress,
+        )
+    clear_memo()
+    table = Table(title=f"fa2gen tune --arch {arch} on {dev.name}: {len(results)} of {len(buckets)} buckets")
+    for col in ("bucket", "best config", "TFLOP/s", "vs default", "max error", "trials"):
+        table.add_column(col, justify="left" if col in ("bucket", "best config") else "right")
+    for r in results:
+        if r.best is None:
+            table.add_row(r.bucket.key, "no correct candidate", "-", "-", "-", str(r.trials))
+            continue
+        p = r.best
+        speed = f"{r.default_ms / r.measurement.median_ms:.2f}x" if r.default_ms else "-"
+        table.add_row(r.bucket.key, f"m{p.block_m} n{p.block_n} w{p.num_warps} s{p.num_stages} {p.loads}",
+                      f"{r.measurement.tflops:.0f}", speed, f"{r.measurement.max_error:.1e}", str(r.trials))
+    console.print(table)
+    console.print(f"results: {results_db.path}; studies: {storage_url}")
+
+
+@app.command()
+def show(
+    db: Annotated[Optional[Path], typer.Option(help="results database")] = None,
+    arch: Annotated[Optional[str], typer.Option(help="only this arch")] = None,
+    device: Annotated[Optional[str], typer.Option(help="only this normalised device name")] = None,
+) -> None:
+    """List the tuned entries in the results database."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .generator.arch import arch_from_capability
+    from .store.db import StoreError, TunedDB
+
+    try:
+        store = TunedDB(db)
+    except StoreError as e:
+        typer.echo(f"fa2gen show: {e}", err=True)
+        raise typer.Exit(1)
+    table = Table(title=str(store.path))
+    for col in ("device", "arch", "triton", "bucket", "config", "ms", "TFLOP/s", "speedup", "trials"):
+        table.add_column(col)
+    n = 0
+    for e in store.entries(device=device):
+        a = arch_from_capability(*map(int, e.validity.capability.split(".")))
+        if arch and a != arch:
+            continue
+        p = e.params
+        table.add_row(e.validity.device, a, e.validity.triton, e.bucket.key,
+                      f"m{p.block_m} n{p.block_n} w{p.num_warps} s{p.num_stages} {p.loads}",
+                      f"{e.measurement.median_ms:.4f}", f"{e.measurement.tflops:.0f}",
+                      f"{e.speedup:.2f}x" if e.speedup else "-", str(e.trials))
+        n += 1
+    Console(width=None if sys.stdout.isatty() else 220).print(table)
+    typer.echo(f"{n} entries")
+
+
+@app.command("export")
+def export_(
+    arch: Annotated[str, typer.Option(help="arch of the entries to export")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="YAML file to write")],
+    device: Annotated[Optional[str], typer.Option(help="device to export (needed if the DB has several)")] = None,
+    db: Annotated[Optional[Path], typer.Option(help="results database")] = None,
+) -> None:
+    """Write tuned entries of one device as a tuned-config YAML file."""
+    import torch
+
+    from . import __version__
+    from .generator.arch import arch_from_capability
+    from .store.db import TunedDB
+    from .store.records import RecordError
+    from .store.yamlfile import dump
+
+    store = TunedDB(db)
+    entries = [e for e in store.entries(device=device)
+               if arch_from_capability(*map(int, e.validity.capability.split("."))) == arch]
+    devices = sorted({(e.validity.device, e.validity.triton) for e in entries})
+    if not entries:
+        typer.echo(f"fa2gen export: no {arch} entries in {store.path}", err=True)
+        raise typer.Exit(1)
+    if len(devices) > 1:
+        listed = ", ".join(f"{d} (triton {t})" for d, t in devices)
+        typer.echo(f"fa2gen export: entries for several devices or Triton versions: {listed}; pick one with --device",
+                   err=True)
+        raise typer.Exit(1)
+    try:
+        text = dump(entries, arch=arch, fa2gen_version=__version__, torch_version=torch.__version__)
+    except RecordError as e:
+        typer.echo(f"fa2gen export: {e}", err=True)
+        raise typer.Exit(1)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    typer.echo(f"wrote {len(entries)} entries to {output}")
+
+
+@app.command("import")
+def import_(
+    file: Annotated[Path, typer.Argument(help="tuned-config YAML file")],
+    db: Annotated[Optional[Path], typer.Option(help="results database")] = None,
+) -> None:
+    """Load a tuned-config YAML file into the results database, validating every value."""
+    from .runtime.dispatch import clear_memo
+    from .store.db import TunedDB
+    from .store.records import RecordError
+    from .store.yamlfile import read
+
+    try:
+        cfg = read(file)
+    except RecordError as e:
+        typer.echo(f"fa2gen import: {file}: {e}", err=True)
+        raise typer.Exit(1)
+    store = TunedDB(db)
+    store.put(cfg.entries)
+    clear_memo()
+    typer.echo(f"imported {len(cfg.entries)} entries for {cfg.meta['device']} into {store.path}")
 
 
 def main() -> None:

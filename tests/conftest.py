@@ -23,6 +23,8 @@ def _kernel_cache(tmp_path_factory, monkeypatch):
     # One fresh kernel cache per session keeps tests hermetic without re-rendering per test.
     cache = tmp_path_factory.getbasetemp() / "kernel-cache"
     monkeypatch.setenv("FA2GEN_CACHE_DIR", str(cache))
+    # Never read or write the user's tuned database from tests.
+    monkeypatch.setenv("FA2GEN_DB", str(tmp_path_factory.getbasetemp() / "no-tuned.sqlite"))
 
 
 def pytest_collection_modifyitems(config, items):

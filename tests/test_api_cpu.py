@@ -6,6 +6,8 @@ import torch
 import fa2gen
 from fa2gen.runtime import api
 from fa2gen.runtime.defaults import default_params
+from fa2gen.runtime import lookup
+from fa2gen.runtime.device import DeviceInfo
 from fa2gen.runtime.dispatch import clear_memo, select_params
 from fa2gen.runtime.launch import effective_params, tma_compatible
 from fa2gen.runtime.problem import make_problem
@@ -70,11 +72,20 @@ def test_defaults_fit_every_arch_and_head_dim():
     assert default_params(KernelSpec(head_dim=128), "sm86", 4096).loads == "pointer"
 
 
-def test_dispatch_memoises_per_bucket():
+H200 = DeviceInfo(name="NVIDIA_H200", capability=(9, 0), arch="sm90", sm_count=132)
+
+
+def test_dispatch_memoises_per_bucket(monkeypatch):
+    from fa2gen.runtime import dispatch
+
     clear_memo()
+    calls = []
+    monkeypatch.setattr(dispatch, "choose", lambda p, d: calls.append(p) or lookup.choose(p, d))
     q, k, v = rand_qkv(1, 2, 2, 300, 300, 64)
-    p1 = select_params(make_problem(q, k, v), "sm90")
-    q2, k2, v2 = rand_qkv(1, 2, 2, 5000, 5000, 64)
-    assert select_params(make_problem(q2, k2, v2), "sm90") is p1
-    q3, _, _ = rand_qkv(1, 2, 2, 3, 3, 64)
-    assert select_params(make_problem(q3, k, v), "sm90").block_m == 16
+    p1 = select_params(make_problem(q, k, v), H200)
+    q2, k2, v2 = rand_qkv(1, 2, 2, 400, 500, 64)  # same bucket: q512 k512
+    assert select_params(make_problem(q2, k2, v2), H200) is p1
+    assert len(calls) == 1
+    q3, k3, v3 = rand_qkv(1, 2, 2, 3, 3, 64)
+    assert select_params(make_problem(q3, k3, v3), H200).block_m == 16
+    assert len(calls) == 2

@@ -80,3 +80,74 @@ def test_module_entry_point():
     assert r.returncode == 0
     for cmd in ("generate", "info", "bench"):
         assert cmd in r.stdout
+
+
+def _db_with_entries(path):
+    from fa2gen.generator.spec import TuningParams
+    from fa2gen.store.buckets import Bucket
+    from fa2gen.store.db import TunedDB
+    from fa2gen.store.records import Entry, Measurement, Validity
+
+    v = Validity("NVIDIA_H200", "9.0", "3.6.0", "0123456789abcdef")
+    entries = [Entry(v, Bucket("fwd", "fp16", d, "causal", False, 1, 4096, 4096, 64), TuningParams(128, 64, 4, 2,
+                     "tma_host"), Measurement(1.0, 0.9, 1.1, 500.0, 1e-3), default_ms=1.25, trials=9) for d in (64, 128)]
+    TunedDB(path).put(entries)
+    return entries
+
+
+def test_show_export_import_round_trip(tmp_path):
+    src, dst, yml = tmp_path / "a.sqlite", tmp_path / "b.sqlite", tmp_path / "out" / "NVIDIA_H200.yaml"
+    entries = _db_with_entries(src)
+    r = runner.invoke(app, ["show", "--db", str(src)])
+    assert r.exit_code == 0 and "2 entries" in r.output and "1.25x" in r.output
+    r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["import", str(yml), "--db", str(dst)])
+    assert r.exit_code == 0, r.output
+    from fa2gen.store.db import TunedDB
+
+    import dataclasses
+
+    got = sorted((dataclasses.replace(e, created_at="") for e in TunedDB(dst).entries()), key=lambda e: e.bucket.key)
+    assert got == sorted(entries, key=lambda e: e.bucket.key)
+    assert all(e.created_at for e in TunedDB(dst).entries())  # stamped when first stored, kept through YAML
+    r = runner.invoke(app, ["export", "--arch", "sm86", "-o", str(yml), "--db", str(src)])
+    assert r.exit_code == 1 and "no sm86 entries" in r.output
+
+
+def test_import_rejects_bad_yaml(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    r = runner.invoke(app, ["import", str(bad), "--db", str(tmp_path / "x.sqlite")])
+    assert r.exit_code == 1 and "not valid YAML" in r.output
+
+
+def test_tune_refuses_without_gpu_or_bad_arch():
+    r = runner.invoke(app, ["tune", "--arch", "sm75"])
+    assert r.exit_code == 2 and "sm90" in r.output
+    import torch
+
+    if not torch.cuda.is_available():
+        r = runner.invoke(app, ["tune", "--arch", "sm90"])
+        assert r.exit_code == 2 and "no CUDA GPU" in r.output
+
+
+def test_wheel_ships_tuned_configs(tmp_path):
+    """A non-editable install must find tuned_configs/: build the wheel and look inside."""
+    import shutil
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", "*.egg-info", "build", "__pycache__", ".whl"))
+    sample = src / "tuned_configs" / "sm90" / "TEST_DEVICE.yaml"
+    sample.parent.mkdir(parents=True, exist_ok=True)
+    sample.write_text("schema: 1\n")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist()
+    assert "fa2gen/tuned_configs/sm90/TEST_DEVICE.yaml" in names
+    assert "fa2gen/tuned_configs/README.md" in names
+    assert "fa2gen/templates/attn_fwd.py.jinja" in names

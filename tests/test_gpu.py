@@ -74,7 +74,7 @@ def test_new_sequence_length_does_not_recompile():
     q, k, v = rand_qkv(1, 4, 4, 1000, 1000, 64, device="cuda")
     fa2gen.attention(q, k, v, causal=True)
     problem = make_problem(q, k, v, causal=True)
-    params = select_params(problem, cuda_device_info(torch.cuda.current_device()).arch)
+    params = select_params(problem, cuda_device_info(torch.cuda.current_device()))
     kernel = load_module(problem.kernel_spec(), params).attn_fwd
     dev = torch.cuda.current_device()
     compiled = len(kernel.device_caches[dev][0])

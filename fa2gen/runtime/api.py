@@ -45,14 +45,14 @@ def attention(
     if q.device.type == "cuda":
         index = q.device.index
         current = torch.cuda.current_device()
-        params = select_params(problem, cuda_device_info(current if index is None else index).arch)
+        params = select_params(problem, cuda_device_info(current if index is None else index))
         if index is None or index == current:
             out, lse = forward(q, k, v, problem, params)
         else:  # Triton launches on the current device
             with torch.cuda.device(index):
                 out, lse = forward(q, k, v, problem, params)
     elif interpreting():
-        out, lse = forward(q, k, v, problem, select_params(problem, "cpu"))
+        out, lse = forward(q, k, v, problem, select_params(problem, None))
     else:
         global _warned_cpu
         if not _warned_cpu:

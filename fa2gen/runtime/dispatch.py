@@ -1,41 +1,39 @@
-"""Choose the tuning params for a problem on a device.
+"""Choose the tuning params for a problem on a device, once per bucket.
 
-Looked up once per (device arch, spec, query-length class) and memoised, so the
-hot path pays a dict lookup. Later sources (a tuned database, shipped YAML) slot in
-ahead of the heuristic default in ``_resolve``.
+The first call in a bucket walks the lookup chain (``lookup.choose``); later calls
+in the same bucket pay a bucket computation and a dict lookup.
 """
 
 from __future__ import annotations
 
 import threading
 
-from ..generator.spec import KernelSpec, TuningParams
-from .defaults import default_params
+from ..generator.spec import TuningParams
+from ..store.buckets import bucket_fields
+from .device import DeviceInfo
+from .lookup import Choice, choose
 from .problem import Problem
 
-_memo: dict[tuple, TuningParams] = {}
+_memo: dict[tuple, Choice] = {}
 _lock = threading.Lock()
 
 
-def _seqlen_class(n: int) -> int:
-    # Only short query lengths change the default tile; everything >= 128 shares one.
-    return min(1 << max(0, (n - 1).bit_length()), 128)
-
-
-def _resolve(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
-    return default_params(spec, arch, seqlen_q)
-
-
-def select_params(problem: Problem, arch: str) -> TuningParams:
-    spec = problem.kernel_spec()
-    key = (arch, spec, _seqlen_class(problem.seqlen_q))
-    params = _memo.get(key)
-    if params is None:
+def explain(problem: Problem, device: DeviceInfo | None) -> Choice:
+    """The params for ``problem`` on ``device`` (None: CPU interpreter) and where they came from."""
+    key = (device, bucket_fields(problem))
+    choice = _memo.get(key)
+    if choice is None:
+        found = choose(problem, device)
         with _lock:
-            params = _memo.setdefault(key, _resolve(spec, arch, key[2]))
-    return params
+            choice = _memo.setdefault(key, found)
+    return choice
+
+
+def select_params(problem: Problem, device: DeviceInfo | None) -> TuningParams:
+    return explain(problem, device).params
 
 
 def clear_memo() -> None:
+    """Forget every memoised choice (after tuning, importing configs, or in tests)."""
     with _lock:
         _memo.clear()

@@ -1,0 +1,140 @@
+"""Where a call's tuning params come from, in order of preference.
+
+1. the user's tuned database (this device, same Triton and template), exact bucket,
+   then the nearest bucket of the same kernel;
+2. the shipped YAML for this device, then for any device of the same arch (nearest
+   bucket);
+3. the heuristic default.
+
+"Nearest" means at most ``MAX_DISTANCE`` doublings away, summed over the rounded
+dimensions; farther than that a tuned config says little and the default is used.
+Entries tuned under another Triton or template are skipped with a debug log. A
+corrupt database or file warns once and falls back: a lookup never fails a call.
+``FA2GEN_DISABLE_TUNED=1`` skips 1 and 2. Dispatch memoises the answer per bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+
+from ..generator.arch import fits
+from ..generator.rendering import template_hash
+from ..generator.spec import TuningParams
+from ..store.buckets import Bucket
+from .defaults import default_params
+from .device import DeviceInfo
+from .problem import Problem
+
+log = logging.getLogger(__name__)
+MAX_DISTANCE = 4.0
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Choice:
+    params: TuningParams
+    source: str  # "db", "db-nearest", "shipped", "shipped-nearest", "shipped-arch", "default"
+    bucket: Bucket | None = None  # the bucket the params were tuned for
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def tuned_disabled() -> bool:
+    return os.environ.get("FA2GEN_DISABLE_TUNED", "0") not in ("", "0")
+
+
+def _validity(device: DeviceInfo, direction: str):
+    import triton
+
+    from ..store.records import Validity
+
+    return Validity(device.name, f"{device.capability[0]}.{device.capability[1]}", triton.__version__,
+                    template_hash(direction))
+
+
+def _nearest(bucket: Bucket, entries, spec, arch):
+    best = None
+    for e in entries:
+        if not bucket.same_kernel(e.bucket) or fits(spec, e.params, arch) is not None:
+            continue
+        d = bucket.distance(e.bucket)
+        if d <= MAX_DISTANCE and (best is None or d < best[0]):
+            best = (d, e)
+    return best[1] if best else None
+
+
+def _from_db(bucket, validity, spec, arch) -> Choice | None:
+    from ..store.db import StoreError, TunedDB, default_db_path
+
+    path = default_db_path()
+    if not path.exists():  # never create a database just to look something up
+        return None
+    try:
+        db = TunedDB(path)
+        try:
+            exact = db.get(validity, bucket)
+            if exact is not None and fits(spec, exact.params, arch) is None:
+                return Choice(exact.params, "db", exact.bucket)
+            same = list(db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
+                                   template_hash=validity.template_hash, schema=validity.schema))
+            stale = db.count_stale(validity)
+        finally:
+            db.dispose()
+    except (StoreError, OSError) as e:
+        _warn_once(f"db:{path}", f"fa2gen: tuned database {path} unusable, falling back: {e}")
+        return None
+    if stale:
+        log.debug("fa2gen: %d entries in %s were tuned under another Triton/template; skipped", stale, path)
+    near = _nearest(bucket, same, spec, arch)
+    return Choice(near.params, "db-nearest", near.bucket) if near else None
+
+
+def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
+    from ..store.shipped import shipped_files
+
+    try:
+        files = shipped_files(arch)
+    except Exception as e:  # unreadable folder: fall back, never fail the call
+        _warn_once(f"shipped:{arch}", f"fa2gen: shipped tuned configs unusable, falling back: {e}")
+        return None
+    current = []
+    for device, cfg in files:
+        hashes = cfg.meta["template_hash"]
+        if cfg.meta["triton"] != validity.triton or hashes.get(bucket.direction) != validity.template_hash:
+            log.debug("fa2gen: shipped %s/%s tuned under triton %s / another template; skipped",
+                      arch, device, cfg.meta["triton"])
+            continue
+        current.append((device, cfg))
+    for device, cfg in current:
+        if device != validity.device:
+            continue
+        for e in cfg.entries:
+            if e.bucket == bucket and fits(spec, e.params, arch) is None:
+                return Choice(e.params, "shipped", e.bucket)
+        near = _nearest(bucket, cfg.entries, spec, arch)
+        if near:
+            return Choice(near.params, "shipped-nearest", near.bucket)
+    near = _nearest(bucket, [e for _, cfg in current for e in cfg.entries], spec, arch)
+    return Choice(near.params, "shipped-arch", near.bucket) if near else None
+
+
+def choose(problem: Problem, device: DeviceInfo | None) -> Choice:
+    """The params for ``problem`` on ``device`` (None: the CPU interpreter)."""
+    spec = problem.kernel_spec()
+    arch = device.arch if device else "cpu"
+    bucket = Bucket.of(problem, spec.direction)
+    if device is not None and not tuned_disabled():
+        validity = _validity(device, spec.direction)
+        for source in (_from_db, _from_shipped):
+            found = source(bucket, validity, spec, arch)
+            if found is not None:
+                return found
+    # The bucket's (rounded-up) length, so every problem in a bucket gets the same answer.
+    return Choice(default_params(spec, arch, bucket.seqlen_q), "default")

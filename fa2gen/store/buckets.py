@@ -1,0 +1,133 @@
+"""Problem buckets: the classes of calls that share one best kernel config.
+
+A bucket keeps exactly what changes the best tiling and rounds the rest:
+
+- direction, dtype, head_dim, mask kind and softcap: the kernel spec, exact;
+- GQA group size (Hq / Hkv), rounded up to a power of two (1, 2, 4, 8, 16+): larger
+  groups reuse each K/V tile more;
+- query and key lengths, each rounded up to a power of two from 1 to 65536: they set
+  the loop length and, for short queries, the useful block_m;
+- batch x query heads, rounded up to a power of two from 1 to 4096: with the number of
+  query blocks it sets how many programs fill the GPU (occupancy).
+
+Rounding up means a bucket named q4096 holds lengths 2049..4096. The canonical grid of
+the FlashAttention-2 paper lands on bucket boundaries exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..generator.spec import DIRECTIONS, DTYPES, HEAD_DIMS, MASKS, SpecError
+
+MAX_SEQ = 65536
+MAX_BH = 4096
+MAX_GROUP = 16
+
+
+def ceil_pow2(n: int, cap: int) -> int:
+    return min(cap, 1 << max(0, (n - 1).bit_length()))
+
+
+def _pow2_upto(cap: int) -> tuple[int, ...]:
+    return tuple(1 << i for i in range(cap.bit_length()))
+
+
+_PATTERN = re.compile(
+    r"^(?P<direction>[a-z]+)/(?P<dtype>[a-z0-9]+)/d(?P<head_dim>\d+)/(?P<mask>[a-z]+)/sc(?P<softcap>[01])"
+    r"/g(?P<group>\d+)/q(?P<seqlen_q>\d+)/k(?P<seqlen_k>\d+)/bh(?P<batch_heads>\d+)$"
+)
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    direction: str
+    dtype: str
+    head_dim: int
+    mask: str
+    softcap: bool
+    group: int
+    seqlen_q: int
+    seqlen_k: int
+    batch_heads: int
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("direction", self.direction, DIRECTIONS),
+            ("dtype", self.dtype, DTYPES),
+            ("head_dim", self.head_dim, HEAD_DIMS),
+            ("mask", self.mask, MASKS),
+            ("softcap", self.softcap, (False, True)),
+            ("group", self.group, _pow2_upto(MAX_GROUP)),
+            ("seqlen_q", self.seqlen_q, _pow2_upto(MAX_SEQ)),
+            ("seqlen_k", self.seqlen_k, _pow2_upto(MAX_SEQ)),
+            ("batch_heads", self.batch_heads, _pow2_upto(MAX_BH)),
+        )
+        for name, value, allowed in checks:
+            if type(value) is not type(allowed[0]) or value not in allowed:
+                raise SpecError(f"Bucket.{name}: {value!r} is not one of the allowed values")
+
+    @classmethod
+    def of(cls, problem, direction: str = "fwd") -> "Bucket":
+        """The bucket of a ``fa2gen.runtime.problem.Problem`` (or anything with its fields)."""
+        return cls(*bucket_fields(problem, direction))
+
+    @property
+    def key(self) -> str:
+        return (
+            f"{self.direction}/{self.dtype}/d{self.head_dim}/{self.mask}/sc{int(self.softcap)}"
+            f"/g{self.group}/q{self.seqlen_q}/k{self.seqlen_k}/bh{self.batch_heads}"
+        )
+
+    @classmethod
+    def parse(cls, key: str) -> "Bucket":
+        """Inverse of ``key``; rejects anything that is not a well-formed bucket key."""
+        if not isinstance(key, str):
+            raise SpecError(f"bucket key must be a string, got {type(key).__name__}")
+        m = _PATTERN.match(key)
+        if not m:
+            raise SpecError(f"malformed bucket key {key!r}")
+        g = m.groupdict()
+        return cls(
+            direction=g["direction"],
+            dtype=g["dtype"],
+            head_dim=int(g["head_dim"]),
+            mask=g["mask"],
+            softcap=g["softcap"] == "1",
+            group=int(g["group"]),
+            seqlen_q=int(g["seqlen_q"]),
+            seqlen_k=int(g["seqlen_k"]),
+            batch_heads=int(g["batch_heads"]),
+        )
+
+    def same_kernel(self, other: "Bucket") -> bool:
+        """Whether ``other`` tunes the same kernel spec (its params are valid here)."""
+        return (self.direction, self.dtype, self.head_dim, self.mask, self.softcap) == (
+            other.direction, other.dtype, other.head_dim, other.mask, other.softcap)
+
+    def distance(self, other: "Bucket") -> float:
+        """How far apart two buckets of the same kernel are, in powers of two."""
+        import math
+
+        return sum(
+            abs(math.log2(a) - math.log2(b))
+            for a, b in ((self.group, other.group), (self.seqlen_q, other.seqlen_q),
+                         (self.seqlen_k, other.seqlen_k), (self.batch_heads, other.batch_heads))
+        )
+
+
+def bucket_fields(problem, direction: str = "fwd") -> tuple:
+    """A bucket's field values without building (and validating) the Bucket: a cheap
+    hashable key for the per-call dispatch memo."""
+    return (
+        direction,
+        problem.dtype,
+        problem.head_dim,
+        problem.mask,
+        problem.softcap > 0,
+        ceil_pow2(problem.heads_q // problem.heads_kv, MAX_GROUP),
+        ceil_pow2(problem.seqlen_q, MAX_SEQ),
+        ceil_pow2(problem.seqlen_k, MAX_SEQ),
+        ceil_pow2(problem.batch * problem.heads_q, MAX_BH),
+    )

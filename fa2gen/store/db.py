@@ -1,0 +1,206 @@
+"""The tuned-results database: SQLite through SQLAlchemy 2.0.
+
+WAL journal and a busy timeout let several tuners and readers share one file; write
+transactions start with BEGIN IMMEDIATE so that two writers queue on the lock instead
+of failing with "database is locked" when both try to upgrade a read lock. The schema
+carries a version row that is upgraded step by step, never silently.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from sqlalchemy import Float, Integer, String, Text, UniqueConstraint, create_engine, event, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from ..paths import user_cache_root
+from .buckets import Bucket
+from .records import SCHEMA_VERSION, Entry, Measurement, RecordError, Validity, bucket_from_key, params_from_data
+
+log = logging.getLogger(__name__)
+BUSY_TIMEOUT_MS = 60_000
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used (newer schema, not a database, unreadable)."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaRow(Base):
+    __tablename__ = "schema_version"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class TunedRow(Base):
+    __tablename__ = "tuned"
+    __table_args__ = (UniqueConstraint("device", "capability", "triton", "template_hash", "schema", "bucket"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device: Mapped[str] = mapped_column(String(64))
+    capability: Mapped[str] = mapped_column(String(8))
+    triton: Mapped[str] = mapped_column(String(64))
+    template_hash: Mapped[str] = mapped_column(String(16))
+    schema: Mapped[int] = mapped_column(Integer)
+    bucket: Mapped[str] = mapped_column(String(128))
+    params: Mapped[str] = mapped_column(Text)
+    median_ms: Mapped[float] = mapped_column(Float)
+    p20_ms: Mapped[float] = mapped_column(Float)
+    p80_ms: Mapped[float] = mapped_column(Float)
+    tflops: Mapped[float] = mapped_column(Float)
+    default_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    speedup: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_error: Mapped[float] = mapped_column(Float)
+    trials: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[str] = mapped_column(String(64))
+
+
+_KEY_COLUMNS = ("device", "capability", "triton", "template_hash", "schema", "bucket")
+# Upgrades from version N to N + 1, applied in order inside one transaction.
+_UPGRADES: dict[int, callable] = {}
+
+
+def default_db_path() -> Path:
+    """``FA2GEN_DB`` if set, else ``tuned.sqlite`` in the user cache dir."""
+    override = os.environ.get("FA2GEN_DB")
+    return Path(override) if override else user_cache_root() / "tuned.sqlite"
+
+
+def _entry_from_row(row: TunedRow) -> Entry:
+    try:
+        params = json.loads(row.params)
+    except (TypeError, ValueError):
+        raise RecordError(f"params: not JSON: {row.params!r:.80}") from None
+    return Entry(
+        validity=Validity(row.device, row.capability, row.triton, row.template_hash, row.schema),
+        bucket=bucket_from_key(row.bucket),
+        params=params_from_data(params),
+        measurement=Measurement(row.median_ms, row.p20_ms, row.p80_ms, row.tflops, row.max_error),
+        default_ms=row.default_ms,
+        trials=row.trials,
+        created_at=row.created_at,
+    )
+
+
+def _row_values(entry: Entry) -> dict:
+    v, m = entry.validity, entry.measurement
+    return {
+        "device": v.device,
+        "capability": v.capability,
+        "triton": v.triton,
+        "template_hash": v.template_hash,
+        "schema": v.schema,
+        "bucket": entry.bucket.key,
+        "params": json.dumps(entry.params.to_dict(), sort_keys=True),
+        "median_ms": m.median_ms,
+        "p20_ms": m.p20_ms,
+        "p80_ms": m.p80_ms,
+        "tflops": m.tflops,
+        "default_ms": entry.default_ms,
+        "speedup": entry.speedup,
+        "max_error": m.max_error,
+        "trials": entry.trials,
+        "created_at": entry.created_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class TunedDB:
+    """Read and write tuned entries in one SQLite file."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path is not None else default_db_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+
+        @event.listens_for(self.engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.close()
+
+        @event.listens_for(self.engine, "begin")
+        def _on_begin(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        try:
+            self._migrate()
+        except StoreError:
+            raise
+        except Exception as e:  # a corrupt file or not a database at all
+            raise StoreError(f"cannot open tuned database {self.path}: {e}") from e
+
+    def _migrate(self) -> None:
+        with Session(self.engine) as session, session.begin():
+            Base.metadata.create_all(session.connection())
+            version = session.scalar(select(SchemaRow.version))
+            if version is None:
+                session.add(SchemaRow(version=SCHEMA_VERSION))
+                return
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has schema v{version}, newer than this fa2gen (v{SCHEMA_VERSION})")
+            while version < SCHEMA_VERSION:
+                _UPGRADES[version](session)
+                session.query(SchemaRow).update({SchemaRow.version: version + 1})
+                version += 1
+
+    def schema_version(self) -> int:
+        with Session(self.engine) as session:
+            return session.scalar(select(SchemaRow.version))
+
+    def put(self, entries: Iterable[Entry]) -> int:
+        """Insert or improve entries; an existing row is replaced only by a faster one."""
+        rows = [_row_values(e) for e in entries]
+        if not rows:
+            return 0
+        stmt = sqlite_insert(TunedRow).values(rows)
+        excluded = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(_KEY_COLUMNS),
+            set_={c: getattr(excluded, c) for c in rows[0] if c not in _KEY_COLUMNS},
+            where=excluded.median_ms < TunedRow.median_ms,
+        )
+        with Session(self.engine) as session, session.begin():
+            session.execute(stmt)
+        return len(rows)
+
+    def _rows(self, **filters) -> list[TunedRow]:
+        stmt = select(TunedRow)
+        for name, value in filters.items():
+            if value is not None:
+                stmt = stmt.where(getattr(TunedRow, name) == value)
+        with Session(self.engine, expire_on_commit=False) as session:
+            return list(session.scalars(stmt.order_by(TunedRow.bucket)))
+
+    def entries(self, **filters) -> Iterator[Entry]:
+        """Valid entries matching column filters; invalid rows are logged and skipped."""
+        for row in self._rows(**filters):
+            try:
+                yield _entry_from_row(row)
+            except RecordError as e:
+                log.warning("fa2gen: skipping invalid row %s in %s: %s", row.id, self.path, e)
+
+    def get(self, validity: Validity, bucket: Bucket) -> Entry | None:
+        found = list(self.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
+                                  template_hash=validity.template_hash, schema=validity.schema, bucket=bucket.key))
+        return found[0] if found else None
+
+    def count_stale(self, validity: Validity) -> int:
+        """Rows for this device tuned under another Triton, template or schema."""
+        return sum(
+            1
+            for row in self._rows(device=validity.device, capability=validity.capability)
+            if (row.triton, row.template_hash, row.schema) != (validity.triton, validity.template_hash, validity.schema)
+        )
+
+    def dispose(self) -> None:
+        self.engine.dispose()

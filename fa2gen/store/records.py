@@ -1,0 +1,107 @@
+"""One tuned result and the key that says where it is valid."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..generator.spec import SpecError, TuningParams
+from .buckets import Bucket
+
+SCHEMA_VERSION = 1
+_DEVICE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+_CAPABILITY = re.compile(r"^\d{1,2}\.\d{1,2}$")
+_VERSION = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_HASH = re.compile(r"^[0-9a-f]{16}$")
+
+
+class RecordError(ValueError):
+    """A stored value that fails validation."""
+
+
+def check_str(name: str, value, pattern: re.Pattern) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise RecordError(f"{name}: invalid value {value!r}")
+    return value
+
+
+def check_number(name: str, value, *, minimum: float = 0.0, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        raise RecordError(f"{name}: expected a finite number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Validity:
+    """Where an entry applies: a device, its capability, and the code that was tuned."""
+
+    device: str
+    capability: str
+    triton: str
+    template_hash: str
+    schema: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        check_str("device", self.device, _DEVICE)
+        check_str("capability", self.capability, _CAPABILITY)
+        check_str("triton", self.triton, _VERSION)
+        check_str("template_hash", self.template_hash, _HASH)
+        if isinstance(self.schema, bool) or not isinstance(self.schema, int) or self.schema < 1:
+            raise RecordError(f"schema: invalid value {self.schema!r}")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    tflops: float
+    max_error: float
+
+    def __post_init__(self) -> None:
+        for name in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_error"):
+            check_number(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The best params found for a bucket, with how they measured."""
+
+    validity: Validity
+    bucket: Bucket
+    params: TuningParams
+    measurement: Measurement
+    default_ms: float | None = None
+    trials: int = 0
+    created_at: str = field(default="")
+
+    def __post_init__(self) -> None:
+        check_number("default_ms", self.default_ms, allow_none=True)
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0:
+            raise RecordError(f"trials: invalid value {self.trials!r}")
+        if not isinstance(self.created_at, str) or len(self.created_at) > 64:
+            raise RecordError(f"created_at: invalid value {self.created_at!r}")
+
+    @property
+    def speedup(self) -> float | None:
+        """Default config's time over this config's (None if the default was not timed)."""
+        if self.default_ms is None:
+            return None
+        return self.default_ms / self.measurement.median_ms
+
+
+def params_from_data(data) -> TuningParams:
+    try:
+        return TuningParams.from_dict(data)
+    except (SpecError, TypeError) as e:
+        raise RecordError(f"params: {e}") from None
+
+
+def bucket_from_key(key) -> Bucket:
+    try:
+        return Bucket.parse(key)
+    except SpecError as e:
+        raise RecordError(f"bucket: {e}") from None

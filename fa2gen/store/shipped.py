@@ -1,0 +1,53 @@
+"""The tuned configs shipped with fa2gen: ``tuned_configs/<arch>/<device>.yaml``.
+
+Installed, the folder is the package resource ``fa2gen.tuned_configs``; in a source
+checkout used without installing, it is the top-level folder beside ``fa2gen/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+from .records import RecordError
+from .yamlfile import ConfigFile, read
+
+log = logging.getLogger(__name__)
+
+
+def shipped_root() -> Path | None:
+    try:
+        from importlib.resources import files
+
+        root = Path(str(files("fa2gen.tuned_configs")))
+        if root.is_dir():
+            return root
+    except (ModuleNotFoundError, TypeError):
+        pass
+    checkout = Path(__file__).resolve().parents[2] / "tuned_configs"
+    return checkout if checkout.is_dir() else None
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_files(arch: str, root: Path | None = None) -> tuple[tuple[str, ConfigFile], ...]:
+    """(device, file) for every valid YAML file of ``arch``; bad files warn and are skipped."""
+    import warnings
+
+    root = root or shipped_root()
+    folder = root / arch if root else None
+    if folder is None or not folder.is_dir():
+        return ()
+    found = []
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            cfg = read(path)
+        except RecordError as e:
+            warnings.warn(f"fa2gen: ignoring unreadable tuned config {path.name}: {e}", RuntimeWarning, stacklevel=2)
+            continue
+        if cfg.arch != arch:
+            warnings.warn(f"fa2gen: ignoring {path.name}: it says arch {cfg.arch}, found under {arch}",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        found.append((cfg.meta["device"], cfg))
+    return tuple(found)

@@ -1,0 +1,236 @@
+"""Turning a candidate into a measurement: compile, gate on correctness, time.
+
+``GpuEvaluator`` does it for real on the local GPU. ``CostModelEvaluator`` is the
+named test seam: a documented cost function standing in for GPU timing, so the
+tuner's orchestration (Optuna, pruning, resume, storage) runs in CPU tests.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..generator.spec import KernelSpec, TuningParams
+from ..store.buckets import Bucket
+from ..store.records import Measurement
+
+
+class Rejected(Exception):
+    """A candidate that must not be stored: failed to compile, ran out of resources,
+    or computed a wrong answer. ``reason`` goes into the trial's user attrs."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+
+
+def representative_shape(bucket: Bucket) -> Shape:
+    """The problem a bucket is timed on: its upper edge, at most 32 query heads."""
+    hq = max(bucket.group, min(bucket.batch_heads, 32))
+    return Shape(
+        batch=max(1, bucket.batch_heads // hq),
+        heads_q=hq,
+        heads_kv=hq // bucket.group,
+        seqlen_q=bucket.seqlen_q,
+        seqlen_k=bucket.seqlen_k,
+        head_dim=bucket.head_dim,
+    )
+
+
+def spec_of(bucket: Bucket) -> KernelSpec:
+    return KernelSpec(direction=bucket.direction, dtype=bucket.dtype, head_dim=bucket.head_dim, mask=bucket.mask,
+                      softcap=bucket.softcap)
+
+
+def flops(bucket: Bucket) -> float:
+    s = representative_shape(bucket)
+    f = 4.0 * s.batch * s.heads_q * s.seqlen_q * s.seqlen_k * s.head_dim
+    return f / 2 if bucket.mask == "causal" and s.seqlen_q == s.seqlen_k else f
+
+
+class Evaluator(Protocol):
+    def compile(self, bucket: Bucket, candidates: list[TuningParams]) -> dict[TuningParams, str | None]:
+        """Compile candidates (in parallel where possible); None for success, else the reason."""
+
+    def measure(self, bucket: Bucket, params: TuningParams) -> Measurement:
+        """Gate on correctness, then time; raises Rejected."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Test seam
+
+
+class CostModelEvaluator:
+    """Stands in for the GPU in CPU tests of the tuner.
+
+    Cost (ms) of a candidate = base * tile_penalty * warp_penalty * stage_penalty * load_penalty,
+    smooth with a single optimum at ``optimum`` (default block_m 128, block_n 64, 4 warps,
+    2 stages, tma_host), multiplied by the bucket's FLOPs so that buckets differ.
+    Candidates with ``num_stages == 4 and block_n == 256`` "fail to compile" and those with
+    ``block_m == 16 and block_n == 32`` "compute a wrong answer", so that both rejection
+    paths are exercised. ``calls`` counts measurements, to prove resumed studies do not
+    re-measure finished trials.
+    """
+
+    def __init__(self, optimum: TuningParams | None = None):
+        self.optimum = optimum or TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma_host")
+        self.calls = 0
+        self.compiled: list[TuningParams] = []
+
+    def cost_ms(self, bucket: Bucket, p: TuningParams) -> float:
+        o = self.optimum
+        d = (abs(math.log2(p.block_m) - math.log2(o.block_m)) + abs(math.log2(p.block_n) - math.log2(o.block_n))
+             + 0.5 * abs(math.log2(p.num_warps) - math.log2(o.num_warps)) + 0.3 * abs(p.num_stages - o.num_stages)
+             + (0.0 if p.loads == o.loads else 0.4))
+        return flops(bucket) / 400e12 * 1e3 * (1.0 + 0.25 * d)
+
+    def compile(self, bucket, candidates):
+        self.compiled.extend(candidates)
+        return {p: ("CompileError: stand-in ptxas failure" if p.num_stages == 4 and p.block_n == 256 else None)
+                for p in candidates}
+
+    def measure(self, bucket, params):
+        self.calls += 1
+        if params.block_m == 16 and params.block_n == 32:
+            raise Rejected("wrong result: stand-in error 1.0e-01 over the criterion")
+        ms = self.cost_ms(bucket, params)
+        return Measurement(median_ms=ms, p20_ms=ms * 0.99, p80_ms=ms * 1.01, tflops=flops(bucket) / ms / 1e9,
+                           max_error=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real thing
+
+
+def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
+    """Compile one variant in a worker process by launching it once on empty inputs of the
+    bucket's timing shape (same specialisation as the timed call, so the parent hits
+    Triton's on-disk cache). Returns None or the failure reason."""
+    try:
+        import torch
+
+        from ..runtime.launch import forward
+        from ..runtime.problem import make_problem
+        from ..store.buckets import Bucket
+
+        bucket = Bucket.parse(bucket_key)
+        s = representative_shape(bucket)
+        dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
+        q = torch.empty(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt)
+        k = torch.empty(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt)
+        problem = make_problem(q, k, k, **_semantics(bucket))
+        forward(q, k, k, problem, TuningParams.from_dict(params_data))
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # compile errors, OutOfResources, ptxas failures are answers here
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+class GpuEvaluator:
+    """Compiles candidates on a process pool, gates them on correctness, times them with do_bench."""
+
+    def __init__(self, *, workers: int | None = None, compile_timeout_s: float = 180.0, seed: int = 0):
+        self.workers = workers or min(16, os.cpu_count() or 1)
+        self.compile_timeout_s = compile_timeout_s
+        self.seed = seed
+        self._inputs: dict[Bucket, tuple] = {}
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _executor(self) -> cf.ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn: CUDA cannot be used in forked children of a process that initialised it
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def compile(self, bucket, candidates):
+        pool = self._executor()
+        futures = {p: pool.submit(_compile_worker, bucket.key, p.to_dict()) for p in candidates}
+        out = {}
+        for p, fut in futures.items():
+            try:
+                out[p] = fut.result(timeout=self.compile_timeout_s)
+            except cf.TimeoutError:
+                fut.cancel()
+                out[p] = f"compile timed out after {self.compile_timeout_s:.0f} s"
+            except Exception as e:  # a worker that died (segfault in the compiler) is a failed compile
+                out[p] = f"{type(e).__name__}: {e}"
+                self.close()
+                pool = self._executor()
+        return out
+
+    def _problem_inputs(self, bucket: Bucket):
+        import torch
+
+        from ..runtime.problem import make_problem
+
+        if bucket not in self._inputs:
+            s = representative_shape(bucket)
+            dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
+            g = torch.Generator(device="cuda").manual_seed(self.seed)
+            q = torch.randn(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt, generator=g)
+            k = torch.randn(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt, generator=g)
+            v = torch.randn(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt, generator=g)
+            kw = _semantics(bucket)
+            self._inputs = {bucket: (q, k, v, make_problem(q, k, v, **kw))}  # one bucket's inputs at a time
+        return self._inputs[bucket]
+
+    def measure(self, bucket, params):
+        import torch
+
+        from ..bench.correctness import check_forward
+        from ..bench.timing import measure as time_it
+        from ..runtime.launch import forward
+        from ..runtime.problem import make_problem
+
+        # Gate: fresh random inputs of an odd small shape with the bucket's semantics.
+        s = representative_shape(bucket)
+        dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
+        nq, nk = min(s.seqlen_q, 333) | 1, min(s.seqlen_k, 517) | 1
+        gq = torch.randn(2, 2 * bucket.group, nq, s.head_dim, device="cuda", dtype=dt)
+        gk = torch.randn(2, 2, nk, s.head_dim, device="cuda", dtype=dt)
+        gv = torch.randn(2, 2, nk, s.head_dim, device="cuda", dtype=dt)
+        gp = make_problem(gq, gk, gv, **_semantics(bucket))
+        out = torch.full_like(gq, float("nan"))
+        lse = torch.full((2, 2 * bucket.group, nq), float("nan"), device="cuda")
+        try:
+            forward(gq, gk, gv, gp, params, out=out, lse=lse)
+            torch.cuda.synchronize()
+        except Exception as e:
+            raise Rejected(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+        verdict = check_forward(gq, gk, gv, gp, out, lse)
+        if not verdict.ok:
+            raise Rejected(f"wrong result: {verdict}")
+        q, k, v, problem = self._problem_inputs(bucket)
+        timed_out = torch.full_like(q, float("nan"))
+        t = time_it(lambda: forward(q, k, v, problem, params, out=timed_out))
+        if torch.isnan(timed_out).any():
+            raise Rejected("NaN in the timed output")
+        return Measurement(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
+                           tflops=flops(bucket) / t.median_ms / 1e9, max_error=verdict.out_err)
+
+
+def _semantics(bucket: Bucket) -> dict:
+    """attention() keywords that reproduce a bucket's mask kind and softcap."""
+    kw = {"causal": bucket.mask == "causal", "softcap": 30.0 if bucket.softcap else 0.0}
+    if bucket.mask == "local":
+        kw["window_size"] = (256, 0)
+    return kw

@@ -1,0 +1,116 @@
+"""Which buckets ``fa2gen tune`` tunes: a built-in default or a ``--grid`` YAML file.
+
+Grid file (every key optional except ``problems``; unknown keys are errors)::
+
+    problems:
+      - dtypes: [fp16, bf16]
+        head_dims: [64, 128]
+        masks: [none, causal]          # none | causal | local
+        softcap: [false]
+        groups: [1]                    # GQA group size Hq / Hkv
+        seqlens: [512, 1024]           # query length = key length ...
+        seqlens_q: [1, 16]             # ... or every (q, k) pair of these two lists
+        seqlens_k: [8192]
+        tokens: 16384                  # batch * seqlen_q; with hidden gives batch * heads
+        hidden: 2048                   # = heads * head_dim
+        batch_heads: [64]              # ... or give batch * heads directly
+
+Lengths and batch*heads are rounded up to bucket boundaries (powers of two).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import yaml
+
+from ..generator.spec import SpecError
+from ..store.buckets import MAX_BH, MAX_GROUP, MAX_SEQ, Bucket, ceil_pow2
+
+_KEYS = {"dtypes", "head_dims", "masks", "softcap", "groups", "seqlens", "seqlens_q", "seqlens_k", "tokens", "hidden",
+         "batch_heads"}
+
+CANONICAL_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
+DEFAULT_GRID = {
+    "problems": [
+        # The FlashAttention-2 paper's grid, plus head_dim 256.
+        {"dtypes": ["fp16", "bf16"], "head_dims": [64, 128, 256], "masks": ["none", "causal"],
+         "seqlens": CANONICAL_SEQLENS, "tokens": 16384, "hidden": 2048},
+        # Short queries against a long cache (decoding, chunked prefill).
+        {"dtypes": ["fp16", "bf16"], "head_dims": [64, 128], "masks": ["none", "causal"],
+         "seqlens_q": [1, 16, 64, 256], "seqlens_k": [8192], "batch_heads": [64]},
+    ]
+}
+
+
+class GridError(ValueError):
+    pass
+
+
+def _list(block: dict, key: str, default, kind):
+    value = block.get(key, default)
+    if not isinstance(value, list) or not value or not all(type(v) is kind for v in value):
+        raise GridError(f"{key}: expected a non-empty list of {kind.__name__}, got {value!r}")
+    return value
+
+
+def _int(block: dict, key: str, default: int) -> int:
+    value = block.get(key, default)
+    if type(value) is not int or value < 1:
+        raise GridError(f"{key}: expected a positive integer, got {value!r}")
+    return value
+
+
+def buckets_from_grid(grid: dict) -> list[Bucket]:
+    if not isinstance(grid, dict) or set(grid) != {"problems"} or not isinstance(grid["problems"], list):
+        raise GridError("a grid is a mapping with one key, problems: a list of problem blocks")
+    out: dict[str, Bucket] = {}
+    for i, block in enumerate(grid["problems"]):
+        if not isinstance(block, dict):
+            raise GridError(f"problems[{i}]: expected a mapping")
+        unknown = set(map(str, block)) - _KEYS
+        if unknown:
+            raise GridError(f"problems[{i}]: unknown keys {sorted(unknown)}")
+        try:
+            dtypes = _list(block, "dtypes", ["fp16", "bf16"], str)
+            head_dims = _list(block, "head_dims", [64, 128], int)
+            masks = _list(block, "masks", ["none", "causal"], str)
+            softcaps = _list(block, "softcap", [False], bool)
+            groups = _list(block, "groups", [1], int)
+            if "seqlens" in block and ("seqlens_q" in block or "seqlens_k" in block):
+                raise GridError("give seqlens, or seqlens_q with seqlens_k, not both")
+            if "seqlens" in block:
+                pairs = [(n, n) for n in _list(block, "seqlens", None, int)]
+            else:
+                pairs = list(itertools.product(_list(block, "seqlens_q", CANONICAL_SEQLENS, int),
+                                               _list(block, "seqlens_k", CANONICAL_SEQLENS, int)))
+            if "batch_heads" in block and ("tokens" in block or "hidden" in block):
+                raise GridError("give batch_heads, or tokens with hidden, not both")
+            for dt, d, m, sc, g, (nq, nk) in itertools.product(dtypes, head_dims, masks, softcaps, groups, pairs):
+                if min(nq, nk, g) < 1:
+                    raise GridError(f"non-positive size in {block!r}")
+                if "batch_heads" in block:
+                    bhs = _list(block, "batch_heads", None, int)
+                else:
+                    tokens, hidden = _int(block, "tokens", 16384), _int(block, "hidden", 2048)
+                    bhs = [max(1, tokens // nq) * max(1, hidden // d)]
+                for bh in bhs:
+                    b = Bucket("fwd", dt, d, m, sc, ceil_pow2(g, MAX_GROUP), ceil_pow2(nq, MAX_SEQ),
+                               ceil_pow2(nk, MAX_SEQ), ceil_pow2(max(bh, 1), MAX_BH))
+                    out[b.key] = b
+        except SpecError as e:
+            raise GridError(f"problems[{i}]: {e}") from None
+    return sorted(out.values(), key=lambda b: b.key)
+
+
+def read_grid(path: str | Path) -> list[Bucket]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise GridError(f"cannot read grid {path}: {e}") from None
+    return buckets_from_grid(data)
+
+
+def default_buckets() -> list[Bucket]:
+    return buckets_from_grid(DEFAULT_GRID)

@@ -1,0 +1,106 @@
+"""Tune a list of buckets: warm-start each study, run it, store the winner."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import optuna
+
+from ..generator.spec import TuningParams
+from ..runtime.defaults import default_params
+from ..store.buckets import Bucket
+from ..store.db import TunedDB
+from ..store.records import Entry, Validity
+from .evaluate import Evaluator, spec_of
+from .space import SearchSpace
+from .study import BucketResult, study_name, tune_bucket
+
+NEIGHBOURS = 3  # best configs of the nearest tuned buckets enqueued as warm starts
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int = 40
+    time_budget_s: float | None = None
+    sampler: str = "tpe"
+    seed: int | None = 0
+    resume: bool = True
+    batch: int = 8
+
+
+def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
+    """Any Optuna storage URL; SQLite files get a long busy timeout for concurrent tuners.
+
+    Two processes opening a fresh storage at once race to create its tables and version
+    row, and the loser sees "table ... already exists" or a UNIQUE failure on
+    alembic_version: it retries and finds them made.
+    """
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    kwargs = {"engine_kwargs": {"connect_args": {"timeout": 60}}} if url.startswith("sqlite:") else {}
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except (OperationalError, IntegrityError) as e:
+            racing = "already exists" in str(e) or "alembic_version" in str(e)
+            if not racing or attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
+    """Best params of the nearest already-tuned buckets of the same kernel."""
+    entries = [e for e in db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
+                                     template_hash=validity.template_hash, schema=validity.schema)
+               if e.bucket.same_kernel(bucket) and e.bucket != bucket]
+    entries.sort(key=lambda e: bucket.distance(e.bucket))
+    out: list[TuningParams] = []
+    for e in entries:
+        if e.params not in out:
+            out.append(e.params)
+        if len(out) == limit:
+            break
+    return out
+
+
+def tune(
+    buckets: list[Bucket],
+    evaluator: Evaluator,
+    space: SearchSpace,
+    *,
+    db: TunedDB,
+    storage: optuna.storages.BaseStorage,
+    validity_for: Callable[[Bucket], Validity],
+    options: TuneOptions,
+    on_bucket_start: Callable[[int, Bucket], None] | None = None,
+    on_progress: Callable[[int, float | None], None] | None = None,
+) -> list[BucketResult]:
+    """Tune each bucket in turn; each winner goes to ``db`` as soon as its study ends."""
+    deadline = time.time() + options.time_budget_s if options.time_budget_s else None
+    results = []
+    for i, bucket in enumerate(buckets):
+        if deadline is not None and time.time() >= deadline:
+            break
+        if on_bucket_start:
+            on_bucket_start(i, bucket)
+        validity = validity_for(bucket)
+        prefix = f"{validity.device}|{validity.capability}|{validity.triton}|{validity.template_hash}"
+        if not options.resume:
+            try:
+                optuna.delete_study(study_name=study_name(prefix, bucket), storage=storage)
+            except KeyError:
+                pass
+        default = default_params(spec_of(bucket), space.arch, bucket.seqlen_q)
+        result = tune_bucket(
+            bucket, evaluator, space, storage=storage, name_prefix=prefix, trials=options.trials,
+            sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
+            warm_start=neighbour_params(db, validity, bucket), default=default, on_progress=on_progress,
+        )
+        if result.best is not None:
+            db.put([Entry(validity=validity, bucket=bucket, params=result.best, measurement=result.measurement,
+                          default_ms=result.default_ms, trials=result.trials)])
+        results.append(result)
+    return results

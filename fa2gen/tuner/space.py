@@ -1,0 +1,77 @@
+"""Per-arch search spaces and the static pruning rules applied before compiling.
+
+A point that fails a rule is never compiled: the study records it as pruned with the
+reason, so the sampler learns to avoid it (failed trials would be proposed again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..generator.arch import ARCHES, fits
+from ..generator.spec import KernelSpec, TuningParams
+from ..store.buckets import Bucket
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    arch: str
+    block_m: tuple[int, ...]
+    block_n: tuple[int, ...]
+    num_warps: tuple[int, ...]
+    num_stages: tuple[int, ...]
+    loads: tuple[str, ...]
+
+    def choices(self) -> dict[str, tuple]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
+
+    def size(self) -> int:
+        n = 1
+        for values in self.choices().values():
+            n *= len(values)
+        return n
+
+    def contains(self, params: TuningParams) -> bool:
+        return all(getattr(params, name) in values for name, values in self.choices().items())
+
+
+_TILES = (16, 32, 64, 128, 256)
+SPACES = {
+    # Ampere has cp.async but no tensor descriptors; 164 KB of shared memory on A100 (sm80),
+    # about 100 KB on consumer Ampere/Ada (sm86, sm89), where 5 stages never fit a useful tile.
+    "sm80": SearchSpace("sm80", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4, 5), ("pointer",)),
+    "sm86": SearchSpace("sm86", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
+    "sm89": SearchSpace("sm89", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
+    # Hopper: 228 KB, warp groups of 4 warps, three load paths.
+    "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host")),
+}
+
+
+def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: TuningParams) -> str | None:
+    """Why ``params`` should not be compiled for ``bucket`` on ``space.arch``, or None."""
+    if not space.contains(params):
+        return f"outside the {space.arch} search space"
+    why = fits(spec, params, space.arch)
+    if why:
+        return why
+    # Each warp of the score tile needs at least 256 elements (one 16x16 MMA tile).
+    if params.block_m * params.block_n < 256 * params.num_warps:
+        return f"{params.block_m}x{params.block_n} tile too small for {params.num_warps} warps"
+    # Rows past the query length are pure waste: no tile taller than the bucket needs.
+    if params.block_m > max(16, bucket.seqlen_q):
+        return f"block_m {params.block_m} exceeds the bucket's query length {bucket.seqlen_q}"
+    if params.block_n > max(16, bucket.seqlen_k):
+        return f"block_n {params.block_n} exceeds the bucket's key length {bucket.seqlen_k}"
+    # Hopper's wgmma is issued per warp group of 4 warps, 64 rows each: 8 warps on 64 rows
+    # split the rows badly. Every such variant in benchmarks/results/sweep-fwd-h200-fp16.json
+    # ran at 40-60% of the best one.
+    if space.arch == "sm90" and params.num_warps == 8 and params.block_m < 128:
+        return "8 warps on sm90 need block_m >= 128 (two 64-row warp groups)"
+    return None
+
+
+def space_for(arch: str) -> SearchSpace:
+    if arch not in SPACES:
+        raise ValueError(f"--arch: no search space for {arch!r}; choose from {', '.join(SPACES)}")
+    assert arch in ARCHES
+    return SPACES[arch]

@@ -1,0 +1,214 @@
+"""One Optuna study per (device, Triton, template, bucket), driven by ask and tell.
+
+Each round asks for a batch of trials, prunes the statically invalid ones, compiles
+the rest in parallel, then measures them one by one on the GPU. Everything a resumed
+run needs lives in Optuna's storage: finished trials are never re-measured, and the
+trials of a killed run that were still running are marked failed on the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from ..generator.spec import TuningParams
+from ..store.buckets import Bucket
+from ..store.records import Measurement
+from .evaluate import Evaluator, Rejected, spec_of
+from .space import SearchSpace, prune_reason
+
+log = logging.getLogger(__name__)
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+@dataclass(frozen=True)
+class BucketResult:
+    bucket: Bucket
+    best: TuningParams | None
+    measurement: Measurement | None
+    default_ms: float | None
+    trials: int  # finished trials in the study
+    measured: int  # trials measured by this run
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # multivariate: tile sizes interact; constant_liar: batches of asked trials spread out
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=8)
+    if name == "brute":
+        import warnings
+
+        with warnings.catch_warnings():  # experimental since Optuna 3.1, and what we want
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.BruteForceSampler(seed=seed)
+    raise ValueError(f"--sampler: choose tpe or brute, got {name!r}")
+
+
+def study_name(prefix: str, bucket: Bucket) -> str:
+    return f"{prefix}|{bucket.key}"
+
+
+def _me() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(worker: str) -> bool:
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname():
+        return True  # cannot tell for another host: leave its trials alone
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+
+
+def _fail_orphans(study: optuna.Study) -> int:
+    """Mark trials left RUNNING by a killed tuner as failed (re-proposed later)."""
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = t.user_attrs.get("worker")
+        if worker and not _alive(worker):
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            n += 1
+    return n
+
+
+def _tell(study: optuna.Study, trial, value=None, state=None) -> optuna.trial.FrozenTrial:
+    """study.tell, tolerating BruteForceSampler's call of study.stop() once the space is
+    exhausted (meant for study.optimize; the trial is recorded before it raises)."""
+    try:
+        return study.tell(trial, value, state=state)
+    except RuntimeError as e:
+        if "Study.stop" not in str(e):
+            raise
+        return study.get_trials(deepcopy=False)[trial.number]
+
+
+def params_of(trial_params: dict) -> TuningParams:
+    return TuningParams.from_dict(trial_params)
+
+
+def _measurement_of(t: optuna.trial.FrozenTrial) -> Measurement:
+    a = t.user_attrs
+    return Measurement(median_ms=t.value, p20_ms=a["p20_ms"], p80_ms=a["p80_ms"], tflops=a["tflops"],
+                       max_error=a["max_error"])
+
+
+def tune_bucket(
+    bucket: Bucket,
+    evaluator: Evaluator,
+    space: SearchSpace,
+    *,
+    storage: optuna.storages.BaseStorage | str,
+    name_prefix: str,
+    trials: int,
+    sampler: str = "tpe",
+    seed: int | None = 0,
+    deadline: float | None = None,
+    batch: int = 8,
+    warm_start: list[TuningParams] = (),
+    default: TuningParams | None = None,
+    on_progress: Callable[[int, float | None], None] | None = None,
+) -> BucketResult:
+    """Run (or resume) the study for ``bucket`` until it has ``trials`` finished trials."""
+    spec = spec_of(bucket)
+    study = optuna.create_study(study_name=study_name(name_prefix, bucket), storage=storage, direction="minimize",
+                                sampler=make_sampler(sampler, seed), load_if_exists=True)
+    orphans = _fail_orphans(study)
+    if orphans:
+        log.info("fa2gen: %s: %d interrupted trials marked failed", bucket.key, orphans)
+    for p in ([default] if default else []) + list(warm_start):
+        if space.contains(p):
+            study.enqueue_trial(p.to_dict(), skip_if_exists=True)
+    distributions = {name: optuna.distributions.CategoricalDistribution(values)
+                     for name, values in space.choices().items()}
+    measured = 0
+    seen: dict[TuningParams, optuna.trial.FrozenTrial] = {
+        params_of(t.params): t for t in study.get_trials(deepcopy=False, states=FINISHED)}
+
+    def finished() -> int:
+        return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+    def best_value() -> float | None:
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        return min((t.value for t in done), default=None)
+
+    exhausted = len(seen) >= space.size()
+    while not exhausted and finished() < trials and (deadline is None or time.time() < deadline):
+        round_trials = []
+        for _ in range(min(batch, trials - finished())):
+            try:
+                trial = study.ask(distributions)
+            except RuntimeError:  # brute force: every point has been tried
+                exhausted = True
+                break
+            trial.set_user_attr("worker", _me())
+            params = TuningParams(**trial.params)
+            previous = seen.get(params)
+            if previous is not None:
+                # The sampler proposed a point already decided: answer from the study, spend nothing.
+                if previous.state == TrialState.COMPLETE:
+                    for k, v in previous.user_attrs.items():
+                        if k != "worker":
+                            trial.set_user_attr(k, v)
+                    seen[params] = _tell(study, trial, previous.value)
+                else:
+                    trial.set_user_attr("prune_reason", previous.user_attrs.get("prune_reason", "duplicate"))
+                    seen[params] = _tell(study, trial, state=TrialState.PRUNED)
+                continue
+            why = prune_reason(space, spec, bucket, params)
+            if why:
+                trial.set_user_attr("prune_reason", why)
+                seen[params] = _tell(study, trial, state=TrialState.PRUNED)
+                continue
+            round_trials.append((trial, params))
+        exhausted = exhausted or len(seen) + len(round_trials) >= space.size()
+        if not round_trials:
+            if on_progress:
+                on_progress(finished(), best_value())
+            continue
+        compiled = evaluator.compile(bucket, [p for _, p in round_trials])
+        for trial, params in round_trials:
+            if deadline is not None and time.time() >= deadline:
+                _tell(study, trial, state=TrialState.FAIL)  # not run: re-proposed on resume
+                continue
+            reason = compiled.get(params)
+            if reason is None:
+                try:
+                    m = evaluator.measure(bucket, params)
+                    measured += 1
+                except Rejected as e:
+                    reason = e.reason
+            if reason is not None:
+                trial.set_user_attr("prune_reason", reason)
+                seen[params] = _tell(study, trial, state=TrialState.PRUNED)
+                continue
+            for k in ("p20_ms", "p80_ms", "tflops", "max_error"):
+                trial.set_user_attr(k, getattr(m, k))
+            seen[params] = _tell(study, trial, m.median_ms)
+            if on_progress:
+                on_progress(finished(), best_value())
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    best = min(done, key=lambda t: t.value, default=None)
+    default_ms = None
+    if default is not None:
+        d = [t for t in done if params_of(t.params) == default]
+        default_ms = d[0].value if d else None
+    return BucketResult(
+        bucket=bucket,
+        best=params_of(best.params) if best else None,
+        measurement=_measurement_of(best) if best else None,
+        default_ms=default_ms,
+        trials=finished(),
+        measured=measured,
+    )

@@ -1,0 +1,144 @@
+"""Run-time lookup precedence: user DB, shipped YAML (device, then arch), default."""
+
+import pytest
+import torch
+import triton
+
+from fa2gen.generator.rendering import template_hash
+from fa2gen.generator.spec import TuningParams
+from fa2gen.runtime import lookup
+from fa2gen.runtime.defaults import default_params
+from fa2gen.runtime.device import DeviceInfo
+from fa2gen.runtime.dispatch import clear_memo, explain
+from fa2gen.runtime.problem import make_problem
+from fa2gen.store import shipped
+from fa2gen.store.buckets import Bucket
+from fa2gen.store.db import TunedDB
+from fa2gen.store.records import Entry, Measurement, Validity
+from fa2gen.store.yamlfile import dump
+
+H200 = DeviceInfo("NVIDIA_H200", (9, 0), "sm90", 132)
+H100 = "NVIDIA_H100_80GB_HBM3"
+P_DB = TuningParams(64, 64, 4, 3, "pointer")
+P_DEV = TuningParams(128, 32, 4, 2, "tma_device")
+P_ARCH = TuningParams(64, 32, 4, 2, "tma_host")
+
+
+def problem(n=4096, nk=None, bh=(4, 16)):
+    q = torch.empty(bh[0], bh[1], n, 128, dtype=torch.float16, device="meta")
+    k = torch.empty(bh[0], bh[1], nk or n, 128, dtype=torch.float16, device="meta")
+    return make_problem(q, k, k, causal=True)
+
+
+def validity(device="NVIDIA_H200", triton_version=None, th=None):
+    return Validity(device, "9.0", triton_version or triton.__version__, th or template_hash("fwd"))
+
+
+def entry(params, bucket, v):
+    return Entry(v, bucket, params, Measurement(1.0, 0.99, 1.01, 500.0, 1e-3), default_ms=1.2, trials=10)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    root = tmp_path / "shipped"
+    (root / "sm90").mkdir(parents=True)
+    monkeypatch.setattr(shipped, "shipped_root", lambda: root)
+    shipped.shipped_files.cache_clear()
+    db_path = tmp_path / "user.sqlite"
+    monkeypatch.setenv("FA2GEN_DB", str(db_path))
+    clear_memo()
+    yield root, db_path
+    shipped.shipped_files.cache_clear()
+    clear_memo()
+
+
+def write_yaml(root, device, entries, name=None):
+    (root / "sm90" / f"{name or device}.yaml").write_text(
+        dump(entries, arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0"))
+    shipped.shipped_files.cache_clear()  # shipped files are read once per process
+
+
+def choose(p=None):
+    clear_memo()
+    return explain(p or problem(), H200)
+
+
+def test_precedence(env):
+    root, db_path = env
+    b = Bucket.of(problem())
+    assert choose().source == "default"
+    assert choose().params == default_params(problem().kernel_spec(), "sm90", b.seqlen_q)
+    write_yaml(root, H100, [entry(P_ARCH, b, validity(H100))])
+    assert (choose().source, choose().params) == ("shipped-arch", P_ARCH)
+    write_yaml(root, "NVIDIA_H200", [entry(P_DEV, b, validity())])
+    assert (choose().source, choose().params) == ("shipped", P_DEV)
+    TunedDB(db_path).put([entry(P_DB, b, validity())])
+    assert (choose().source, choose().params) == ("db", P_DB)
+
+
+def test_nearest_bucket_and_distance_limit(env):
+    root, db_path = env
+    TunedDB(db_path).put([entry(P_DB, Bucket.of(problem(8192, bh=(2, 16))), validity())])
+    c = choose(problem(4096, bh=(4, 16)))
+    assert (c.source, c.params) == ("db-nearest", P_DB) and c.bucket.seqlen_q == 8192
+    far = choose(problem(128, bh=(256, 16)))  # 6 doublings in each length, 4 in batch*heads
+    assert far.source == "default"
+
+
+def test_stale_entries_are_skipped(env, caplog):
+    root, db_path = env
+    b = Bucket.of(problem())
+    TunedDB(db_path).put([entry(P_DB, b, validity(triton_version="2.9.9"))])
+    write_yaml(root, "NVIDIA_H200", [entry(P_DEV, b, validity(th="ffffffffffffffff"))])
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="fa2gen"):
+        assert choose().source == "default"
+    assert "another Triton" in caplog.text
+
+
+def test_corrupted_files_warn_and_fall_back(env):
+    root, db_path = env
+    b = Bucket.of(problem())
+    db_path.write_bytes(b"\x00garbage" * 1000)
+    write_yaml(root, H100, [entry(P_ARCH, b, validity(H100))])
+    (root / "sm90" / "NVIDIA_H200.yaml").write_text("entries: [unterminated")
+    shipped.shipped_files.cache_clear()
+    lookup._warned.clear()
+    with pytest.warns(RuntimeWarning) as record:
+        c = choose()
+    assert (c.source, c.params) == ("shipped-arch", P_ARCH)
+    messages = " ".join(str(w.message) for w in record)
+    assert "tuned database" in messages and "NVIDIA_H200.yaml" in messages
+
+
+def test_misfiled_yaml_is_ignored(env):
+    root, _ = env
+    b = Bucket.of(problem())
+    text = dump([entry(P_ARCH, b, validity())], arch="sm86", fa2gen_version="0.1.0", torch_version="x")
+    (root / "sm90" / "NVIDIA_H200.yaml").write_text(text)
+    shipped.shipped_files.cache_clear()
+    with pytest.warns(RuntimeWarning, match="says arch sm86"):
+        assert choose().source == "default"
+
+
+def test_disable_tuned(env, monkeypatch):
+    root, db_path = env
+    TunedDB(db_path).put([entry(P_DB, Bucket.of(problem()), validity())])
+    assert choose().source == "db"
+    monkeypatch.setenv("FA2GEN_DISABLE_TUNED", "1")
+    assert choose().source == "default"
+
+
+def test_lookup_never_creates_a_database(env):
+    _, db_path = env
+    choose()
+    assert not db_path.exists()
+
+
+def test_params_that_do_not_fit_are_skipped(env):
+    _, db_path = env
+    b = Bucket.of(problem())
+    huge = TuningParams(256, 256, 8, 4, "tma_host")  # far over sm90's shared memory at D=128
+    TunedDB(db_path).put([entry(huge, b, validity())])
+    assert choose().source == "default"

@@ -1,0 +1,121 @@
+"""Results database and tuned-config YAML: round trips and hostile input."""
+
+import sqlite3
+
+import pytest
+import yaml
+
+from fa2gen.generator.spec import TuningParams
+from fa2gen.store.buckets import Bucket
+from fa2gen.store.db import StoreError, TunedDB
+from fa2gen.store.records import Entry, Measurement, RecordError, Validity
+from fa2gen.store.yamlfile import dump, parse
+
+VALID = Validity("NVIDIA_H200", "9.0", "3.6.0", "0123456789abcdef")
+B = Bucket("fwd", "bf16", 80, "local", True, 4, 1024, 8192, 256)
+
+
+def entry(ms=1.0, params=TuningParams(128, 64, 4, 2, "tma_host"), bucket=B, validity=VALID, default_ms=1.5):
+    return Entry(validity, bucket, params, Measurement(ms, ms * 0.98, ms * 1.03, 400.0, 1e-3), default_ms=default_ms,
+                 trials=17, created_at="2026-11-29T00:00:00+00:00")
+
+
+def test_bucket_keys_round_trip_and_reject_garbage():
+    assert Bucket.parse(B.key) == B
+    for bad in ("fwd/fp16/d64", "fwd/fp16/d64/none/sc0/g3/q64/k64/bh64", "fwd/fp16/d64/none/sc0/g1/q64/k64/bh64;x",
+                "bwd/fp16/d64/none/sc0/g1/q64/k64/bh64", 42):
+        with pytest.raises(ValueError):
+            Bucket.parse(bad)
+
+
+def test_db_round_trip_keeps_the_faster_entry(tmp_path):
+    db = TunedDB(tmp_path / "t.sqlite")
+    assert db.schema_version() == 1
+    db.put([entry(ms=2.0)])
+    db.put([entry(ms=1.0, params=TuningParams(64, 64, 4, 3, "pointer"))])
+    db.put([entry(ms=3.0, params=TuningParams(32, 32, 4, 1, "pointer"))])  # slower: ignored
+    got = db.get(VALID, B)
+    assert got.params == TuningParams(64, 64, 4, 3, "pointer") and got.measurement.median_ms == 1.0
+    assert got.speedup == pytest.approx(1.5)
+    assert db.get(Validity("NVIDIA_H200", "9.0", "3.7.0", "0123456789abcdef"), B) is None
+    assert db.count_stale(Validity("NVIDIA_H200", "9.0", "3.7.0", "0123456789abcdef")) == 1
+    assert len(list(TunedDB(tmp_path / "t.sqlite").entries())) == 1
+
+
+def test_db_skips_tampered_rows(tmp_path, caplog):
+    path = tmp_path / "t.sqlite"
+    TunedDB(path).put([entry(), entry(bucket=Bucket("fwd", "fp16", 64, "none", False, 1, 64, 64, 1))])
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuned SET params = ? WHERE bucket = ?", ('{"block_m": "__import__(\'os\')"}', B.key))
+    con.commit()
+    con.close()
+    assert [e.bucket.head_dim for e in TunedDB(path).entries()] == [64]
+    assert "skipping invalid row" in caplog.text
+
+
+def test_db_refuses_newer_schema_and_non_databases(tmp_path):
+    path = tmp_path / "t.sqlite"
+    TunedDB(path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE schema_version SET version = 99")
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="newer"):
+        TunedDB(path)
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError):
+        TunedDB(junk)
+
+
+def test_yaml_round_trip():
+    entries = [entry(), entry(bucket=Bucket("fwd", "fp16", 64, "causal", False, 1, 512, 512, 1024), default_ms=None)]
+    text = dump(entries, arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0")
+    cfg = parse(text)
+    assert cfg.arch == "sm90" and cfg.meta["device"] == "NVIDIA_H200"
+    assert sorted(cfg.entries, key=lambda e: e.bucket.key) == sorted(entries, key=lambda e: e.bucket.key)
+
+
+def _doc(**changes):
+    doc = yaml.safe_load(dump([entry()], arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0"))
+    for k, v in changes.items():
+        if k.startswith("entry_"):
+            doc["entries"][0][k[6:]] = v
+        else:
+            doc[k] = v
+    return yaml.safe_dump(doc)
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("!!python/object/apply:os.system ['echo pwned']", "not valid YAML"),
+        ("a: &x [1]\nb: *x\n", "aliases"),
+        ("- 1\n- 2\n", "mapping"),
+        (_doc(extra=1), "unknown keys"),
+        (_doc(schema=2), "schema"),
+        (_doc(arch="sm100"), "arch"),
+        (_doc(device="NVIDIA H200; rm -rf"), "device"),
+        (_doc(capability=9.0), "capability"),
+        (_doc(template_hash={"fwd": "{{ evil }}"}), "template_hash"),
+        (_doc(entry_bucket="fwd/fp16/d64/none/sc0/g1/q64/k64/bh64\nimport os"), "bucket"),
+        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2,
+                            "loads": "tma_host\nimport os"}), "loads"),
+        (_doc(entry_params={"block_m": 100, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer"}),
+         "block_m"),
+        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer",
+                            "extra": 1}), "unknown"),
+        (_doc(entry_median_ms=float("nan")), "median_ms"),
+        (_doc(entry_median_ms=-1.0), "median_ms"),
+        (_doc(entry_trials=True), "trials"),
+        (_doc(entry_shell="ls"), "unknown keys"),
+    ],
+)
+def test_yaml_rejects_hostile_or_invalid(text, match):
+    with pytest.raises(RecordError, match=match):
+        parse(text)
+
+
+def test_yaml_rejects_huge_files():
+    with pytest.raises(RecordError, match="larger"):
+        parse("a: " + "x" * (9 * 1024 * 1024))

@@ -1,0 +1,173 @@
+"""The tuner's orchestration on CPU, with CostModelEvaluator standing in for GPU timing
+(see fa2gen/tuner/evaluate.py). Optuna, its SQLite storage and the results DB are real."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from fa2gen.generator.spec import KernelSpec, TuningParams
+from fa2gen.store.buckets import Bucket
+from fa2gen.store.db import TunedDB
+from fa2gen.store.records import Validity
+from fa2gen.tuner.evaluate import CostModelEvaluator, representative_shape
+from fa2gen.tuner.grid import GridError, buckets_from_grid, default_buckets
+from fa2gen.tuner.run import TuneOptions, open_storage, tune
+from fa2gen.tuner.space import SPACES, prune_reason, space_for
+
+HERE = Path(__file__).parent
+OPTIMUM = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_device")
+B4K = Bucket("fwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
+VALID = Validity("TEST_GPU", "9.0", "3.6.0", "0123456789abcdef")
+
+
+def _tune(tmp_path, buckets, trials=30, sampler="tpe", evaluator=None, resume=True):
+    db = TunedDB(tmp_path / "tuned.sqlite")
+    storage = open_storage(f"sqlite:///{tmp_path / 'studies.sqlite'}")
+    ev = evaluator or CostModelEvaluator(optimum=OPTIMUM)
+    results = tune(buckets, ev, space_for("sm90"), db=db, storage=storage, validity_for=lambda b: VALID,
+                   options=TuneOptions(trials=trials, sampler=sampler, seed=1, resume=resume))
+    return db, storage, ev, results
+
+
+def test_tune_beats_default_and_stores_the_winner(tmp_path):
+    db, storage, ev, [r] = _tune(tmp_path, [B4K], trials=40)
+    assert r.best is not None and r.default_ms is not None
+    assert r.measurement.median_ms < r.default_ms  # the default (128x64, 4 warps, 2 stages, host TMA) is off-optimum
+    assert r.measurement.median_ms <= 1.2 * ev.cost_ms(B4K, OPTIMUM)
+    entry = db.get(VALID, B4K)
+    assert entry.params == r.best and entry.trials == r.trials == 40
+    assert entry.speedup == pytest.approx(r.default_ms / r.measurement.median_ms)
+
+
+def test_pruning_reasons_and_no_failed_trials(tmp_path):
+    _, storage, _, _ = _tune(tmp_path, [B4K], trials=60)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state == TrialState.FAIL]
+    reasons = [t.user_attrs["prune_reason"] for t in trials if t.state == TrialState.PRUNED]
+    assert reasons and all(reasons)
+    assert all(t.state == TrialState.COMPLETE for t in trials if "prune_reason" not in t.user_attrs)
+    for t in trials:
+        if t.state == TrialState.PRUNED:
+            p = TuningParams(**t.params)
+            why = prune_reason(space_for("sm90"), KernelSpec(head_dim=128, mask="causal"), B4K, p)
+            stand_in = (p.num_stages == 4 and p.block_n == 256) or (p.block_m == 16 and p.block_n == 32)
+            assert why is not None or stand_in, (p, t.user_attrs)
+
+
+def test_static_rules():
+    space = space_for("sm90")
+    spec = KernelSpec(head_dim=256, mask="none")
+    big = TuningParams(block_m=256, block_n=256, num_warps=8, num_stages=4, loads="tma_host")
+    assert "shared memory" in prune_reason(space, spec, B4K, big)
+    assert "too small" in prune_reason(space, KernelSpec(), B4K, TuningParams(16, 32, 8, 2, "pointer"))
+    short = Bucket("fwd", "fp16", 64, "none", False, 1, 16, 8192, 64)
+    assert "query length" in prune_reason(space, KernelSpec(), short, TuningParams(64, 64, 4, 2, "pointer"))
+    assert prune_reason(space, KernelSpec(), short, TuningParams(16, 64, 4, 2, "pointer")) is None
+    assert "warp groups" in prune_reason(space, KernelSpec(), B4K, TuningParams(64, 64, 8, 2, "tma_host"))
+    assert "search space" in prune_reason(SPACES["sm86"], KernelSpec(), B4K, TuningParams(64, 64, 4, 2, "tma_host"))
+    sm86 = TuningParams(128, 64, 4, 3, "pointer")  # about 144 KB: fits sm90's 227 KB, not sm86's 99 KB
+    assert "shared memory" in prune_reason(SPACES["sm86"], KernelSpec(head_dim=128), B4K, sm86)
+    assert prune_reason(SPACES["sm90"], KernelSpec(head_dim=128), B4K, sm86) is None
+
+
+def test_brute_force_covers_small_space(tmp_path):
+    """brute force on a decode bucket, whose query length prunes most of the space."""
+    short = Bucket("fwd", "fp16", 64, "none", False, 1, 16, 128, 64)
+    _, storage, ev, [r] = _tune(tmp_path, [short], trials=1000, sampler="brute")
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    points = {tuple(sorted(t.params.items())) for t in study.get_trials()}
+    assert len(points) == space_for("sm90").size()  # every point decided once, then it stopped
+    assert r.trials < 1000
+
+
+def test_warm_start_uses_neighbours(tmp_path):
+    db, storage, ev, _ = _tune(tmp_path, [B4K], trials=30)
+    best = db.get(VALID, B4K).params
+    neighbour = Bucket("fwd", "fp16", 128, "causal", False, 1, 8192, 8192, 32)
+    _tune(tmp_path, [neighbour], trials=3)
+    study = optuna.load_study(study_name=[s.study_name for s in storage.get_all_studies()
+                                          if s.study_name.endswith(neighbour.key)][0], storage=storage)
+    first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)[:2]]
+    assert best in first  # enqueued right after the heuristic default
+
+
+def test_no_resume_starts_over(tmp_path):
+    _tune(tmp_path, [B4K], trials=10)
+    _, _, ev, [r] = _tune(tmp_path, [B4K], trials=10, resume=False)
+    assert r.trials == 10 and ev.calls > 0
+
+
+def _finished(storage_url):
+    storage = open_storage(storage_url)
+    n = 0
+    for s in storage.get_all_studies():
+        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        n += len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+    return n
+
+
+def _driver(db, url, trials, limit, sleep_s, offset=0):
+    return subprocess.Popen([sys.executable, str(HERE / "tuner_driver.py"), str(db), url, str(trials), str(limit),
+                             str(sleep_s), str(offset)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+
+
+def test_resume_after_killed_process(tmp_path):
+    db, url = tmp_path / "tuned.sqlite", f"sqlite:///{tmp_path / 'studies.sqlite'}"
+    proc = _driver(db, url, 24, 1, 0.15)
+    deadline = time.time() + 120
+    while time.time() < deadline and _finished(url) < 6:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _finished(url)
+    assert 6 <= before < 24
+    storage = open_storage(url)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    done_params = {tuple(sorted(t.params.items())) for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    rerun = _driver(db, url, 24, 1, 0.0)
+    out, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, out
+    assert _finished(url) >= 24
+    remeasured = [line for line in out.splitlines() if line.startswith("measured")]
+    assert len(remeasured) <= 24 - before  # finished trials were not measured again
+    study = optuna.load_study(study_name=study.study_name, storage=storage)
+    assert not study.get_trials(states=(TrialState.RUNNING,))  # the killed run's trial was closed
+    assert TunedDB(db).entries()
+
+
+def test_two_concurrent_tuners_share_one_db(tmp_path):
+    db, url = tmp_path / "tuned.sqlite", f"sqlite:///{tmp_path / 'studies.sqlite'}"
+    TunedDB(db)  # create the schema once, as a first run would
+    procs = [_driver(db, url, 12, 3, 0.0, offset) for offset in (0, 3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+        assert "locked" not in out
+    keys = {e.bucket.key for e in TunedDB(db).entries()}
+    assert keys == {b.key for b in default_buckets()[:6]}
+
+
+def test_grid_files(tmp_path):
+    assert len(default_buckets()) == 104
+    bs = buckets_from_grid({"problems": [{"dtypes": ["bf16"], "head_dims": [96], "masks": ["local"], "groups": [3],
+                                          "seqlens_q": [100], "seqlens_k": [5000], "batch_heads": [48]}]})
+    assert [b.key for b in bs] == ["fwd/bf16/d96/local/sc0/g4/q128/k8192/bh64"]
+    for bad in ({"problems": [{"dtypes": ["fp8"]}]}, {"problems": [{"head_dims": [12]}]},
+                {"problems": [{"seqlens": [0]}]}, {"problems": [{"colour": ["red"]}]}, {"problem": []},
+                {"problems": [{"seqlens": [5], "seqlens_q": [5]}]}, "problems"):
+        with pytest.raises(GridError):
+            buckets_from_grid(bad)
+
+
+def test_representative_shape():
+    s = representative_shape(Bucket("fwd", "fp16", 128, "none", False, 4, 2048, 2048, 128))
+    assert (s.batch * s.heads_q, s.heads_q % 4, s.heads_q // s.heads_kv, s.seqlen_q) == (128, 0, 4, 2048)
