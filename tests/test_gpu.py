@@ -96,3 +96,32 @@ def test_bench_cli_on_gpu(tmp_path):
     for row in data["results"]:
         assert {"fa2gen", "sdpa-cudnn", "sdpa-flash", "flex"} <= set(row["tflops"]), row["skipped"]
         assert row["max_diff_vs_fa2gen"]["sdpa-flash"] < 2e-2
+
+
+def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
+    """A short real tuning run: parallel compile, correctness gate, timing, storage."""
+    import triton
+
+    from fa2gen.generator.rendering import template_hash
+    from fa2gen.store.buckets import Bucket
+    from fa2gen.store.db import TunedDB
+    from fa2gen.store.records import Validity
+    from fa2gen.tuner.evaluate import GpuEvaluator
+    from fa2gen.tuner.run import TuneOptions, open_storage, tune
+    from fa2gen.tuner.space import space_for
+
+    dev = cuda_device_info(torch.cuda.current_device())
+    bucket = Bucket("fwd", "fp16", 128, "causal", False, 1, 2048, 2048, 64)
+    db = TunedDB(tmp_path / "t.sqlite")
+    ev = GpuEvaluator(workers=4)
+    try:
+        [r] = tune([bucket], ev, space_for(dev.arch), db=db, storage=open_storage(f"sqlite:///{tmp_path / 's.sqlite'}"),
+                   validity_for=lambda b: Validity(dev.name, f"{dev.capability[0]}.{dev.capability[1]}",
+                                                   triton.__version__, template_hash("fwd")),
+                   options=TuneOptions(trials=8, batch=4))
+    finally:
+        ev.close()
+    assert r.best is not None and r.default_ms is not None
+    assert r.measurement.tflops > 50 and r.measurement.max_error < 1e-2
+    [stored] = list(db.entries(bucket=bucket.key))
+    assert stored.params == r.best

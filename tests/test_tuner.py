@@ -141,7 +141,7 @@ def test_resume_after_killed_process(tmp_path):
     assert len(remeasured) <= 24 - before  # finished trials were not measured again
     study = optuna.load_study(study_name=study.study_name, storage=storage)
     assert not study.get_trials(states=(TrialState.RUNNING,))  # the killed run's trial was closed
-    assert TunedDB(db).entries()
+    assert len(list(TunedDB(db).entries())) == 1  # the resumed study stored its winner
 
 
 def test_two_concurrent_tuners_share_one_db(tmp_path):
@@ -171,3 +171,18 @@ def test_grid_files(tmp_path):
 def test_representative_shape():
     s = representative_shape(Bucket("fwd", "fp16", 128, "none", False, 4, 2048, 2048, 128))
     assert (s.batch * s.heads_q, s.heads_q % 4, s.heads_q // s.heads_kv, s.seqlen_q) == (128, 0, 4, 2048)
+
+
+def test_efficiency_script_dry_run(tmp_path):
+    """benchmarks/tuner_efficiency.py end to end with the cost model (procedure only)."""
+    out = tmp_path / "eff.json"
+    r = subprocess.run([sys.executable, str(HERE.parent / "benchmarks" / "tuner_efficiency.py"), "--cost-model",
+                        "--seeds", "2", "--max-trials", "60", "--buckets", "fwd/fp16/d64/none/sc0/g1/q512/k512/bh64",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+
+    [row] = json.loads(out.read_text())
+    assert row["valid"] < row["space"] and len(row["trials_to_2pct"]) == 2
+    assert all(t is None or 1 <= t <= 60 for t in row["trials_to_2pct"])

@@ -32,6 +32,21 @@ def _fa2gen(case, q, k, v):
     return lambda: fa2gen.attention(q, k, v, causal=case.causal)
 
 
+def _fa2gen_default(case, q, k, v):
+    """fa2gen with its heuristic default config, skipping tuned lookups (the A/B baseline)."""
+    from fa2gen.runtime.defaults import default_params
+    from fa2gen.runtime.device import cuda_device_info
+    from fa2gen.runtime.launch import forward
+    from fa2gen.runtime.problem import make_problem
+    from fa2gen.store.buckets import Bucket
+
+    problem = make_problem(q, k, v, causal=case.causal)
+    arch = cuda_device_info(q.device.index or 0).arch if q.device.type == "cuda" else "cpu"
+    params = default_params(problem.kernel_spec(), arch, Bucket.of(problem).seqlen_q)
+    # Validation stays in the timed call, as in attention(), so both pay the same host cost.
+    return lambda: forward(q, k, v, make_problem(q, k, v, causal=case.causal), params)[0]
+
+
 def _sdpa(backend_name: str):
     def build(case, q, k, v):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -79,6 +94,7 @@ PROVIDERS: dict[str, Provider] = {
     p.name: p
     for p in (
         Provider("fa2gen", _fa2gen, cuda_only=False),
+        Provider("fa2gen-default", _fa2gen_default, cuda_only=False),
         Provider("sdpa-cudnn", _sdpa("CUDNN_ATTENTION")),
         Provider("sdpa-flash", _sdpa("FLASH_ATTENTION")),
         Provider("sdpa-efficient", _sdpa("EFFICIENT_ATTENTION")),
@@ -86,5 +102,5 @@ PROVIDERS: dict[str, Provider] = {
         Provider("sdpa-math", _sdpa("MATH"), cuda_only=False),
     )
 }
-GPU_DEFAULT = ("fa2gen", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex")
+GPU_DEFAULT = ("fa2gen", "fa2gen-default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex")
 CPU_DEFAULT = ("fa2gen", "sdpa-math")
