@@ -16,7 +16,7 @@ from fa2gen.generator.spec import KernelSpec, TuningParams
 from fa2gen.store.buckets import Bucket
 from fa2gen.store.db import TunedDB
 from fa2gen.store.records import Validity
-from fa2gen.tuner.evaluate import CostModelEvaluator, representative_shape
+from fa2gen.tuner.evaluate import CostModelEvaluator, representative_problem
 from fa2gen.tuner.grid import GridError, buckets_from_grid, default_buckets
 from fa2gen.tuner.run import TuneOptions, open_storage, tune
 from fa2gen.tuner.space import SPACES, prune_reason, space_for
@@ -168,9 +168,12 @@ def test_grid_files(tmp_path):
             buckets_from_grid(bad)
 
 
-def test_representative_shape():
-    s = representative_shape(Bucket("fwd", "fp16", 128, "none", False, 4, 2048, 2048, 128))
+def test_representative_problem():
+    s = representative_problem(Bucket("fwd", "fp16", 128, "none", False, 4, 2048, 2048, 128))
     assert (s.batch * s.heads_q, s.heads_q % 4, s.heads_q // s.heads_kv, s.seqlen_q) == (128, 0, 4, 2048)
+    assert Bucket.of(s) == Bucket("fwd", "fp16", 128, "none", False, 4, 2048, 2048, 128)
+    local = representative_problem(Bucket("fwd", "bf16", 64, "local", True, 1, 512, 512, 8))
+    assert (local.mask, local.window_left, local.window_right, local.softcap > 0) == ("local", 256, 0, True)
 
 
 def test_efficiency_script_dry_run(tmp_path):

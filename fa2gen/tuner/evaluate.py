@@ -11,10 +11,10 @@ import concurrent.futures as cf
 import math
 import multiprocessing
 import os
-from dataclasses import dataclass
 from typing import Protocol
 
 from ..generator.spec import KernelSpec, TuningParams
+from ..runtime.problem import Problem
 from ..store.buckets import Bucket
 from ..store.records import Measurement
 
@@ -28,26 +28,23 @@ class Rejected(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class Shape:
-    batch: int
-    heads_q: int
-    heads_kv: int
-    seqlen_q: int
-    seqlen_k: int
-    head_dim: int
-
-
-def representative_shape(bucket: Bucket) -> Shape:
+def representative_problem(bucket: Bucket) -> Problem:
     """The problem a bucket is timed on: its upper edge, at most 32 query heads."""
     hq = max(bucket.group, min(bucket.batch_heads, 32))
-    return Shape(
+    kw = _semantics(bucket)
+    return Problem(
         batch=max(1, bucket.batch_heads // hq),
         heads_q=hq,
         heads_kv=hq // bucket.group,
         seqlen_q=bucket.seqlen_q,
         seqlen_k=bucket.seqlen_k,
         head_dim=bucket.head_dim,
+        dtype=bucket.dtype,
+        mask=bucket.mask,
+        window_left=kw.get("window_size", (-1, -1))[0],
+        window_right=0 if bucket.mask != "none" else -1,
+        sm_scale=bucket.head_dim ** -0.5,
+        softcap=kw["softcap"],
     )
 
 
@@ -57,9 +54,7 @@ def spec_of(bucket: Bucket) -> KernelSpec:
 
 
 def flops(bucket: Bucket) -> float:
-    s = representative_shape(bucket)
-    f = 4.0 * s.batch * s.heads_q * s.seqlen_q * s.seqlen_k * s.head_dim
-    return f / 2 if bucket.mask == "causal" and s.seqlen_q == s.seqlen_k else f
+    return representative_problem(bucket).flops()
 
 
 class Evaluator(Protocol):
@@ -128,7 +123,7 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         from ..store.buckets import Bucket
 
         bucket = Bucket.parse(bucket_key)
-        s = representative_shape(bucket)
+        s = representative_problem(bucket)
         dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
         q = torch.empty(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt)
         k = torch.empty(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt)
@@ -183,7 +178,7 @@ class GpuEvaluator:
         from ..runtime.problem import make_problem
 
         if bucket not in self._inputs:
-            s = representative_shape(bucket)
+            s = representative_problem(bucket)
             dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
             g = torch.Generator(device="cuda").manual_seed(self.seed)
             q = torch.randn(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt, generator=g)
@@ -202,7 +197,7 @@ class GpuEvaluator:
         from ..runtime.problem import make_problem
 
         # Gate: fresh random inputs of an odd small shape with the bucket's semantics.
-        s = representative_shape(bucket)
+        s = representative_problem(bucket)
         dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
         nq, nk = min(s.seqlen_q, 333) | 1, min(s.seqlen_k, 517) | 1
         gq = torch.randn(2, 2 * bucket.group, nq, s.head_dim, device="cuda", dtype=dt)
