@@ -119,3 +119,21 @@ def test_yaml_rejects_hostile_or_invalid(text, match):
 def test_yaml_rejects_huge_files():
     with pytest.raises(RecordError, match="larger"):
         parse("a: " + "x" * (9 * 1024 * 1024))
+
+
+def test_readonly_reader_is_not_blocked_by_a_writer(tmp_path):
+    path = tmp_path / "t.sqlite"
+    TunedDB(path).put([entry()])
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # a tuner in the middle of a write
+    writer.execute("DELETE FROM tuned")
+    try:
+        reader = TunedDB(path, readonly=True)
+        t0 = __import__("time").time()
+        assert reader.get(VALID, B) is not None  # WAL: readers see the last commit, without waiting
+        assert __import__("time").time() - t0 < 5
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    with pytest.raises(StoreError):
+        TunedDB(tmp_path / "missing.sqlite", readonly=True)

@@ -70,24 +70,36 @@ def _nearest(bucket: Bucket, entries, spec, arch):
     return best[1] if best else None
 
 
+_readers: dict = {}
+
+
+def _reader(path):
+    """One read-only connection pool per database file, opened on first use."""
+    from ..store.db import TunedDB
+
+    db = _readers.get(path)
+    if db is None:
+        db = _readers[path] = TunedDB(path, readonly=True)
+    return db
+
+
 def _from_db(bucket, validity, spec, arch) -> Choice | None:
-    from ..store.db import StoreError, TunedDB, default_db_path
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from ..store.db import StoreError, default_db_path
 
     path = default_db_path()
     if not path.exists():  # never create a database just to look something up
         return None
     try:
-        db = TunedDB(path)
-        try:
-            exact = db.get(validity, bucket)
-            if exact is not None and fits(spec, exact.params, arch) is None:
-                return Choice(exact.params, "db", exact.bucket)
-            same = list(db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
-                                   template_hash=validity.template_hash, schema=validity.schema))
-            stale = db.count_stale(validity)
-        finally:
-            db.dispose()
-    except (StoreError, OSError) as e:
+        db = _reader(path)
+        exact = db.get(validity, bucket)
+        if exact is not None and fits(spec, exact.params, arch) is None:
+            return Choice(exact.params, "db", exact.bucket)
+        same = list(db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
+                               template_hash=validity.template_hash, schema=validity.schema))
+        stale = db.count_stale(validity)
+    except (StoreError, OSError, SQLAlchemyError) as e:
         _warn_once(f"db:{path}", f"fa2gen: tuned database {path} unusable, falling back: {e}")
         return None
     if stale:

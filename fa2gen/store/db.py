@@ -115,25 +115,33 @@ def _row_values(entry: Entry) -> dict:
 class TunedDB:
     """Read and write tuned entries in one SQLite file."""
 
-    def __init__(self, path: str | os.PathLike | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False):
+        """Open (and create or upgrade) the database; ``readonly`` opens an existing file
+        for lookups only: no schema changes, no write locks."""
         self.path = Path(path) if path is not None else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(f"sqlite:///{self.path}", connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        self.readonly = readonly
+        if readonly:
+            url = f"sqlite:///file:{self.path}?mode=ro&uri=true"
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            url = f"sqlite:///{self.path}"
+        self.engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
 
         @event.listens_for(self.engine, "connect")
         def _on_connect(dbapi_conn, _record):
             dbapi_conn.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA journal_mode=WAL")
+            if not readonly:
+                cur.execute("PRAGMA journal_mode=WAL")
             cur.close()
 
         @event.listens_for(self.engine, "begin")
         def _on_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         try:
-            self._migrate()
+            self._check_version() if readonly else self._migrate()
         except StoreError:
             raise
         except Exception as e:  # a corrupt file or not a database at all
@@ -152,6 +160,12 @@ class TunedDB:
                 _UPGRADES[version](session)
                 session.query(SchemaRow).update({SchemaRow.version: version + 1})
                 version += 1
+
+    def _check_version(self) -> None:
+        version = self.schema_version()
+        if version != SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema v{version}; this fa2gen reads v{SCHEMA_VERSION}"
+                             + (" (run any write, e.g. fa2gen import, to upgrade it)" if version < SCHEMA_VERSION else ""))
 
     def schema_version(self) -> int:
         with Session(self.engine) as session:
