@@ -55,10 +55,16 @@ def test_tma_falls_back_on_misaligned_tensors():
     flat = torch.randn(1 + 2 * 16 * 64).half()
     shifted = flat[1:].view(1, 2, 16, 64)  # 2-byte offset base
     assert not tma_compatible(shifted)
+    spec = KernelSpec(head_dim=64)
     for loads in ("tma_device", "tma_host"):
         p = TuningParams(loads=loads)
-        assert effective_params(p, q, shifted).loads == "pointer"
-        assert effective_params(p, q, k) is p
+        assert effective_params(spec, p, q, shifted).loads == "pointer"
+        assert effective_params(spec, p, q, k) is p
+    # D=256, 64x64, 3 stages: fits with descriptors, not with pointers (P is staged too)
+    big, tight = KernelSpec(head_dim=256), TuningParams(64, 64, 4, 3, "tma_host")
+    assert fits(big, tight, "sm90") is None and fits(big, tight.replace(loads="pointer"), "sm90") is not None
+    swapped = effective_params(big, tight, shifted)
+    assert swapped.loads == "pointer" and fits(big, swapped, "sm90") is None
 
 
 def test_defaults_fit_every_arch_and_head_dim():

@@ -137,3 +137,35 @@ def test_readonly_reader_is_not_blocked_by_a_writer(tmp_path):
         writer.close()
     with pytest.raises(StoreError):
         TunedDB(tmp_path / "missing.sqlite", readonly=True)
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        (_doc(arch=["sm90"]), "arch"),
+        (_doc(entry_median_ms=10 ** 400), "median_ms"),
+        (_doc(entry_median_ms=0), "median_ms"),
+        (_doc(triton="3.6.0\n"), "triton"),
+        ("[" * 5000 + "]" * 5000, "mapping|invalid file|not valid YAML"),
+    ],
+    ids=["arch-list", "huge-int", "zero-time", "newline", "deep-nesting"],
+)
+def test_yaml_rejects_pathological_values(text, match):
+    with pytest.raises(RecordError, match=match):
+        parse(text)
+
+
+def test_db_rows_with_pathological_json_are_skipped(tmp_path):
+    path = tmp_path / "t.sqlite"
+    TunedDB(path).put([entry()])
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuned SET params = ?", ("[" * 100000 + "]" * 100000,))
+    con.commit()
+    con.close()
+    assert list(TunedDB(path, readonly=True).entries()) == []
+
+
+def test_db_paths_with_url_characters(tmp_path):
+    odd = tmp_path / "we%ird#dir?x" / "t.sqlite"
+    TunedDB(odd).put([entry()])
+    assert TunedDB(odd, readonly=True).get(VALID, B) is not None

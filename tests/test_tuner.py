@@ -132,7 +132,7 @@ def test_resume_after_killed_process(tmp_path):
     assert 6 <= before < 24
     storage = open_storage(url)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
-    done_params = {tuple(sorted(t.params.items())) for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    orphans = [t.params for t in study.get_trials(states=(TrialState.RUNNING,))]
     rerun = _driver(db, url, 24, 1, 0.0)
     out, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, out
@@ -141,6 +141,9 @@ def test_resume_after_killed_process(tmp_path):
     assert len(remeasured) <= 24 - before  # finished trials were not measured again
     study = optuna.load_study(study_name=study.study_name, storage=storage)
     assert not study.get_trials(states=(TrialState.RUNNING,))  # the killed run's trial was closed
+    decided = [t.params for t in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))]
+    for params in orphans:  # ... and its point was run again, not skipped as a duplicate
+        assert params in decided
     assert len(list(TunedDB(db).entries())) == 1  # the resumed study stored its winner
 
 
@@ -189,3 +192,29 @@ def test_efficiency_script_dry_run(tmp_path):
     [row] = json.loads(out.read_text())
     assert row["valid"] < row["space"] and len(row["trials_to_2pct"]) == 2
     assert all(t is None or 1 <= t <= 60 for t in row["trials_to_2pct"])
+
+
+def _job(kind, value):
+    if kind == "sleep":
+        time.sleep(value)
+    elif kind == "crash":
+        os._exit(1)
+    elif kind == "raise":
+        raise RuntimeError("ptxas says no")
+    return value
+
+
+def test_compile_pool_survives_hangs_crashes_and_errors():
+    from fa2gen.tuner.evaluate import CompilePool
+
+    pool = CompilePool(workers=2, timeout_s=3)
+    try:
+        t0 = time.time()
+        out = pool.run(_job, {"hang": ("sleep", 60), "ok1": ("ok", 1), "err": ("raise", 0), "ok2": ("ok", 2),
+                              "crash": ("crash", 0), "ok3": ("ok", 3)})
+        assert time.time() - t0 < 40  # a hung job costs its timeout, not its runtime
+    finally:
+        pool.close()
+    assert (out["ok1"], out["ok2"], out["ok3"]) == (1, 2, 3)
+    assert "timed out" in out["hang"] and "timed out" in out["crash"]
+    assert "ptxas says no" in out["err"]

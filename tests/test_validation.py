@@ -51,6 +51,8 @@ def test_bad_tensors(mutate, exc, match):
         ({"sm_scale": 0.0}, ValueError, "sm_scale must be finite and > 0"),
         ({"sm_scale": float("inf")}, ValueError, "sm_scale"),
         ({"return_lse": "yes"}, TypeError, "return_lse must be a bool"),
+        ({"sm_scale": 1e-46}, ValueError, "sm_scale must be representable in fp32"),
+        ({"softcap": 3e39}, ValueError, "softcap must be representable in fp32"),
     ],
 )
 def test_bad_arguments(kw, exc, match):

@@ -33,7 +33,8 @@ _AMPERE = [
 _INTERPRETER = TuningParams(block_m=32, block_n=32, num_warps=4, num_stages=1)
 
 
-def _shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningParams:
+def shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningParams:
+    """Fewer stages, then narrower and shorter tiles, until the variant fits ``arch``."""
     while fits(spec, params, arch) is not None:
         if params.num_stages > 1:
             params = params.replace(num_stages=params.num_stages - 1)
@@ -57,5 +58,5 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     if seqlen_q < params.block_m:
         params = params.replace(block_m=max(16, min(params.block_m, next_pow2(seqlen_q))))
     if arch != "cpu":
-        params = _shrink_to_fit(spec, params, arch)
+        params = shrink_to_fit(spec, params, arch)
     return params

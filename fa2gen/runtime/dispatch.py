@@ -11,7 +11,7 @@ import threading
 from ..generator.spec import TuningParams
 from ..store.buckets import bucket_fields
 from .device import DeviceInfo
-from .lookup import Choice, choose
+from .lookup import Choice, choose, close_readers
 from .problem import Problem
 
 _memo: dict[tuple, Choice] = {}
@@ -34,6 +34,7 @@ def select_params(problem: Problem, device: DeviceInfo | None) -> TuningParams:
 
 
 def clear_memo() -> None:
-    """Forget every memoised choice (after tuning, importing configs, or in tests)."""
+    """Forget every memoised choice and cached DB reader (after tuning, importing configs, or in tests)."""
     with _lock:
         _memo.clear()
+    close_readers()

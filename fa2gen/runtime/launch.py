@@ -48,10 +48,14 @@ def _descriptor(t: torch.Tensor, rows: int, head_dim_padded: int):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim_padded])
 
 
-def effective_params(params: TuningParams, *tensors: torch.Tensor) -> TuningParams:
-    """``params`` with tensor-descriptor loads swapped for pointers where the tensors forbid them."""
+def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> TuningParams:
+    """``params`` with tensor-descriptor loads swapped for pointers where the tensors forbid
+    them. Pointer loads stage more in shared memory, so the swapped config is shrunk until
+    it fits again (descriptors exist only on sm90, so sm90's limits apply)."""
     if params.loads in TMA_LOADS and not tma_compatible(*tensors):
-        return params.replace(loads="pointer")
+        from .defaults import shrink_to_fit
+
+        return shrink_to_fit(spec, params.replace(loads="pointer"), "sm90")
     return params
 
 
@@ -68,8 +72,8 @@ def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=No
         return out, lse
     if interpreting():
         patch_interpreter()
-    params = effective_params(params, q, k, v, out)
     spec = problem.kernel_spec()
+    params = effective_params(spec, params, q, k, v, out)
     module = load_module(spec, params)
     dp = spec.head_dim_padded
     if params.loads == "tma_device" and q.device.type == "cuda":
@@ -83,10 +87,11 @@ def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=No
         )
     else:
         args = (q, k, v, out)
-    # Unbounded window extents become a distance no row can exceed.
+    # Unbounded (or larger-than-the-problem) window extents become a distance no row can
+    # exceed; clamping also keeps the kernel's 32-bit bound arithmetic from overflowing.
     unbounded = problem.seqlen_q + problem.seqlen_k
-    left = unbounded if problem.window_left < 0 else problem.window_left
-    right = unbounded if problem.window_right < 0 else problem.window_right
+    left = unbounded if problem.window_left < 0 else min(problem.window_left, unbounded)
+    right = unbounded if problem.window_right < 0 else min(problem.window_right, unbounded)
     num_m = -(-problem.seqlen_q // params.block_m)
     grid = (num_m * problem.batch * problem.heads_q,)
     module.attn_fwd[grid](

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -71,22 +72,30 @@ def _nearest(bucket: Bucket, entries, spec, arch):
 
 
 _readers: dict = {}
+_readers_lock = threading.Lock()
 
 
 def _reader(path):
     """One read-only connection pool per database file, opened on first use."""
     from ..store.db import TunedDB
 
-    db = _readers.get(path)
-    if db is None:
-        db = _readers[path] = TunedDB(path, readonly=True)
+    with _readers_lock:
+        db = _readers.get(path)
+        if db is None:
+            db = _readers[path] = TunedDB(path, readonly=True)
     return db
 
 
-def _from_db(bucket, validity, spec, arch) -> Choice | None:
-    from sqlalchemy.exc import SQLAlchemyError
+def close_readers() -> None:
+    """Drop cached database readers (a replaced file is then opened afresh)."""
+    with _readers_lock:
+        for db in _readers.values():
+            db.dispose()
+        _readers.clear()
 
-    from ..store.db import StoreError, default_db_path
+
+def _from_db(bucket, validity, spec, arch) -> Choice | None:
+    from ..store.db import default_db_path
 
     path = default_db_path()
     if not path.exists():  # never create a database just to look something up
@@ -99,7 +108,7 @@ def _from_db(bucket, validity, spec, arch) -> Choice | None:
         same = list(db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
                                template_hash=validity.template_hash, schema=validity.schema))
         stale = db.count_stale(validity)
-    except (StoreError, OSError, SQLAlchemyError) as e:
+    except Exception as e:  # StoreError, OSError, SQLAlchemyError, or worse: never fail the call
         _warn_once(f"db:{path}", f"fa2gen: tuned database {path} unusable, falling back: {e}")
         return None
     if stale:

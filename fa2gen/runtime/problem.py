@@ -67,6 +67,10 @@ def _check_tensor(name: str, t) -> None:
         raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
 
 
+# The kernel takes scale and softcap as fp32: they must be normal fp32 numbers (or 0).
+_FP32_MIN, _FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+
+
 def _check_real(name: str, value, *, minimum: float, inclusive: bool) -> float:
     if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -75,6 +79,8 @@ def _check_real(name: str, value, *, minimum: float, inclusive: bool) -> float:
     if not math.isfinite(value) or not ok:
         bound = ">=" if inclusive else ">"
         raise ValueError(f"{name} must be finite and {bound} {minimum}, got {value}")
+    if value != 0.0 and not _FP32_MIN <= value <= _FP32_MAX:
+        raise ValueError(f"{name} must be representable in fp32 ({_FP32_MIN:.2e} to {_FP32_MAX:.2e}), got {value}")
     return value
 
 

@@ -85,7 +85,7 @@ class Bucket:
         """Inverse of ``key``; rejects anything that is not a well-formed bucket key."""
         if not isinstance(key, str):
             raise SpecError(f"bucket key must be a string, got {type(key).__name__}")
-        m = _PATTERN.match(key)
+        m = _PATTERN.fullmatch(key)
         if not m:
             raise SpecError(f"malformed bucket key {key!r}")
         g = m.groupdict()

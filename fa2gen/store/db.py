@@ -12,6 +12,7 @@ import datetime
 import json
 import logging
 import os
+import sqlite3
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -75,6 +76,16 @@ def default_db_path() -> Path:
 
 
 def _entry_from_row(row: TunedRow) -> Entry:
+    """Validate one row; anything off (even a pathological value) becomes a RecordError."""
+    try:
+        return _build_entry(row)
+    except RecordError:
+        raise
+    except Exception as e:  # RecursionError from nested JSON, OverflowError, wrong column types...
+        raise RecordError(f"{type(e).__name__}: {str(e)[:80]}") from None
+
+
+def _build_entry(row: TunedRow) -> Entry:
     try:
         params = json.loads(row.params)
     except (TypeError, ValueError):
@@ -120,12 +131,15 @@ class TunedDB:
         for lookups only: no schema changes, no write locks."""
         self.path = Path(path) if path is not None else default_db_path()
         self.readonly = readonly
-        if readonly:
-            url = f"sqlite:///file:{self.path}?mode=ro&uri=true"
-        else:
+        if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            url = f"sqlite:///{self.path}"
-        self.engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        # Connect through sqlite3 directly: a path is never parsed as a URL ('%', '#', '?').
+        target = self.path.resolve().as_uri() + "?mode=ro" if readonly else str(self.path)
+
+        def connect():
+            return sqlite3.connect(target, uri=readonly, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+
+        self.engine = create_engine("sqlite://", creator=connect)
 
         @event.listens_for(self.engine, "connect")
         def _on_connect(dbapi_conn, _record):

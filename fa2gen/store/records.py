@@ -21,17 +21,24 @@ class RecordError(ValueError):
 
 
 def check_str(name: str, value, pattern: re.Pattern) -> str:
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise RecordError(f"{name}: invalid value {value!r}")
     return value
 
 
-def check_number(name: str, value, *, minimum: float = 0.0, allow_none: bool = False) -> float | None:
+def check_number(name: str, value, *, minimum: float = 0.0, positive: bool = False,
+                 allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
-        raise RecordError(f"{name}: expected a finite number >= {minimum}, got {value!r}")
-    return float(value)
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        number = float(value) if ok else None
+    except OverflowError:  # an int too large for a float
+        ok, number = False, None
+    if not ok or number < minimum or (positive and number <= 0):
+        bound = "> 0" if positive else f">= {minimum}"
+        raise RecordError(f"{name}: expected a finite number {bound}, got {value!r:.40}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,9 @@ class Measurement:
     max_error: float
 
     def __post_init__(self) -> None:
-        for name in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_error"):
+        for name in ("median_ms", "p20_ms", "p80_ms"):
+            check_number(name, getattr(self, name), positive=True)
+        for name in ("tflops", "max_error"):
             check_number(name, getattr(self, name))
 
 
@@ -79,7 +88,7 @@ class Entry:
     created_at: str = field(default="")
 
     def __post_init__(self) -> None:
-        check_number("default_ms", self.default_ms, allow_none=True)
+        check_number("default_ms", self.default_ms, positive=True, allow_none=True)
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0:
             raise RecordError(f"trials: invalid value {self.trials!r}")
         if not isinstance(self.created_at, str) or len(self.created_at) > 64:

@@ -96,6 +96,15 @@ def _entry(raw, template_hash: dict, header: dict, index: int) -> Entry:
 
 def parse(text: str) -> ConfigFile:
     """Validate YAML text into a ConfigFile; raises RecordError on anything off."""
+    try:
+        return _parse(text)
+    except RecordError:
+        raise
+    except Exception as e:  # unhashable keys, absurd numbers, deep nesting: still just a bad file
+        raise RecordError(f"invalid file: {type(e).__name__}: {str(e)[:80]}") from None
+
+
+def _parse(text: str) -> ConfigFile:
     if len(text.encode()) > MAX_BYTES:
         raise RecordError(f"file larger than {MAX_BYTES} bytes")
     try:
@@ -110,7 +119,7 @@ def parse(text: str) -> ConfigFile:
     schema = data["schema"]
     if schema != SCHEMA_VERSION or isinstance(schema, bool):
         raise RecordError(f"schema: this fa2gen reads v{SCHEMA_VERSION}, file is {schema!r}")
-    if data["arch"] not in ARCHES:
+    if not isinstance(data["arch"], str) or data["arch"] not in ARCHES:
         raise RecordError(f"arch: unknown {data['arch']!r}")
     capability = data["capability"]
     if not isinstance(capability, str):

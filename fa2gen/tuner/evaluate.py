@@ -7,7 +7,6 @@ tuner's orchestration (Optuna, pruning, resume, storage) runs in CPU tests.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
 import multiprocessing
 import os
@@ -135,42 +134,72 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
-class GpuEvaluator:
-    """Compiles candidates on a process pool, gates them on correctness, times them with do_bench."""
+class CompilePool:
+    """Runs compile jobs on spawned worker processes with a per-job timeout.
 
-    def __init__(self, *, workers: int | None = None, compile_timeout_s: float = 180.0, seed: int = 0):
-        self.workers = workers or min(16, os.cpu_count() or 1)
-        self.compile_timeout_s = compile_timeout_s
-        self.seed = seed
-        self._inputs: dict[Bucket, tuple] = {}
-        self._pool: cf.ProcessPoolExecutor | None = None
+    A job that outlives its timeout (a hung compiler) or kills its worker (a crash) is
+    reported as failed; the pool is then terminated, which really stops the workers,
+    and the jobs still pending are resubmitted to a fresh one.
+    """
 
-    def _executor(self) -> cf.ProcessPoolExecutor:
+    def __init__(self, workers: int, timeout_s: float):
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self._pool = None
+
+    def _get(self):
         if self._pool is None:
             # spawn: CUDA cannot be used in forked children of a process that initialised it
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
         return self._pool
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool.terminate()
+            self._pool.join()
             self._pool = None
 
-    def compile(self, bucket, candidates):
-        pool = self._executor()
-        futures = {p: pool.submit(_compile_worker, bucket.key, p.to_dict()) for p in candidates}
-        out = {}
-        for p, fut in futures.items():
-            try:
-                out[p] = fut.result(timeout=self.compile_timeout_s)
-            except cf.TimeoutError:
-                fut.cancel()
-                out[p] = f"compile timed out after {self.compile_timeout_s:.0f} s"
-            except Exception as e:  # a worker that died (segfault in the compiler) is a failed compile
-                out[p] = f"{type(e).__name__}: {e}"
-                self.close()
-                pool = self._executor()
+    def run(self, fn, jobs: dict) -> dict:
+        """{key: args} -> {key: fn(*args), or a failure reason string}."""
+        out: dict = {}
+        pending = dict(jobs)
+        while pending:
+            pool = self._get()
+            handles = [(key, pool.apply_async(fn, args)) for key, args in pending.items()]
+            pending = {}
+            for i, (key, handle) in enumerate(handles):
+                try:
+                    out[key] = handle.get(timeout=self.timeout_s)
+                except multiprocessing.TimeoutError:
+                    out[key] = f"compile timed out after {self.timeout_s:.0f} s (or its worker died)"
+                    self.close()
+                    for later_key, later in handles[i + 1:]:
+                        if later.ready():
+                            try:
+                                out[later_key] = later.get()
+                            except Exception as e:
+                                out[later_key] = f"{type(e).__name__}: {e}"
+                        else:
+                            pending[later_key] = jobs[later_key]
+                    break
+                except Exception as e:  # the job raised in the worker
+                    out[key] = f"{type(e).__name__}: {e}"
         return out
+
+
+class GpuEvaluator:
+    """Compiles candidates on a process pool, gates them on correctness, times them with do_bench."""
+
+    def __init__(self, *, workers: int | None = None, compile_timeout_s: float = 180.0, seed: int = 0):
+        self.seed = seed
+        self._inputs: dict[Bucket, tuple] = {}
+        self._pool = CompilePool(workers or min(16, os.cpu_count() or 1), compile_timeout_s)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def compile(self, bucket, candidates):
+        return self._pool.run(_compile_worker, {p: (bucket.key, p.to_dict()) for p in candidates})
 
     def _problem_inputs(self, bucket: Bucket):
         import torch

@@ -26,6 +26,7 @@ from .space import SearchSpace, prune_reason
 
 log = logging.getLogger(__name__)
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+DECIDED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,13 @@ def _alive(worker: str) -> bool:
 
 
 def _fail_orphans(study: optuna.Study) -> int:
-    """Mark trials left RUNNING by a killed tuner as failed (re-proposed later)."""
+    """Mark trials left RUNNING by a killed tuner as failed and queue their points again."""
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
         if worker and not _alive(worker):
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            study.enqueue_trial(dict(t.params))
             n += 1
     return n
 
@@ -127,14 +129,18 @@ def tune_bucket(
     orphans = _fail_orphans(study)
     if orphans:
         log.info("fa2gen: %s: %d interrupted trials marked failed", bucket.key, orphans)
+    # Points already decided (measured or pruned). Failed trials (cut off by the deadline or
+    # by a killed run) are not decided: they run again when proposed or enqueued.
+    seen: dict[TuningParams, optuna.trial.FrozenTrial] = {
+        params_of(t.params): t for t in study.get_trials(deepcopy=False, states=DECIDED)}
+    queued = {params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     for p in ([default] if default else []) + list(warm_start):
-        if space.contains(p):
-            study.enqueue_trial(p.to_dict(), skip_if_exists=True)
+        if space.contains(p) and p not in seen and p not in queued:
+            study.enqueue_trial(p.to_dict())
+            queued.add(p)
     distributions = {name: optuna.distributions.CategoricalDistribution(values)
                      for name, values in space.choices().items()}
     measured = 0
-    seen: dict[TuningParams, optuna.trial.FrozenTrial] = {
-        params_of(t.params): t for t in study.get_trials(deepcopy=False, states=FINISHED)}
 
     def finished() -> int:
         return len(study.get_trials(deepcopy=False, states=FINISHED))
