@@ -50,10 +50,12 @@ def test_pruning_reasons_and_no_failed_trials(tmp_path):
     _, storage, _, _ = _tune(tmp_path, [B4K], trials=60)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     trials = study.get_trials()
-    assert not [t for t in trials if t.state == TrialState.FAIL]
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert all(t.user_attrs.get("fail_reason") == "duplicate within a batch" for t in failed)
     reasons = [t.user_attrs["prune_reason"] for t in trials if t.state == TrialState.PRUNED]
     assert reasons and all(reasons)
-    assert all(t.state == TrialState.COMPLETE for t in trials if "prune_reason" not in t.user_attrs)
+    assert all(t.state == TrialState.COMPLETE for t in trials
+               if "prune_reason" not in t.user_attrs and t.state != TrialState.FAIL)
     for t in trials:
         if t.state == TrialState.PRUNED:
             p = TuningParams(**t.params)

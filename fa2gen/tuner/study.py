@@ -172,6 +172,12 @@ def tune_bucket(
                     trial.set_user_attr("prune_reason", previous.user_attrs.get("prune_reason", "duplicate"))
                     seen[params] = _tell(study, trial, state=TrialState.PRUNED)
                 continue
+            if any(params == p for _, p in round_trials):
+                # Proposed twice in one batch: run it once; this copy is dropped (FAIL is
+                # ignored by the sampler, where PRUNED would mark a good point bad).
+                trial.set_user_attr("fail_reason", "duplicate within a batch")
+                _tell(study, trial, state=TrialState.FAIL)
+                continue
             why = prune_reason(space, spec, bucket, params)
             if why:
                 trial.set_user_attr("prune_reason", why)
