@@ -108,8 +108,11 @@ def info(
         problem = make_problem(q, k, k, causal=causal)
     except (TypeError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
-    choice = explain(problem, dev)
     typer.echo(f"shape: B={batch} Hq={heads} Hkv={hk} Nq={seqlen_q} Nk={nk} D={head_dim} {dtype} mask={problem.mask}")
+    if dev is None and not interpreting():
+        typer.echo("config: none (no kernel runs on the reference path)")
+        return
+    choice = explain(problem, dev)
     tuned_for = f", tuned for {choice.bucket.key}" if choice.bucket else ""
     typer.echo(f"config ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): {choice.params.to_dict()}")
 
