@@ -140,6 +140,12 @@ def bench(
     from .bench import grid as G
     from .bench.providers import CPU_DEFAULT, GPU_DEFAULT, PROVIDERS
 
+    if png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise typer.BadParameter("drawing a chart needs matplotlib (pip install 'fa2gen[plot]')",
+                                     param_hint="--png") from None
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         # Must be set before any generated module is imported in this process.
