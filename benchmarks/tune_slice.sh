@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Tune across short GPU leases. The results DB and the Optuna studies live in STATE_DIR,
-# which travels with each lease; every call resumes the studies where the last one stopped
-# and copies the state and an exported YAML to OUT_DIR for the next lease to carry back.
+# Tune in time-boxed slices, on a GPU machine that may be a different one each time. The
+# results DB and the Optuna studies live in STATE_DIR, which is copied to each machine;
+# every slice resumes the studies where the last one stopped and copies the state and an
+# exported YAML to OUT_DIR, to be copied back as STATE_DIR for the next slice.
 #
-# usage: bash benchmarks/lease_tune.sh STATE_DIR OUT_DIR SECONDS [more fa2gen tune options]
+# usage: bash benchmarks/tune_slice.sh STATE_DIR OUT_DIR SECONDS [more fa2gen tune options]
 set -euo pipefail
 state=$1 out=$2 budget=$3
 shift 3
