@@ -167,8 +167,9 @@ def bench(
         cases = G.canonical_grid(dtypes=dts, head_dims=_ints(head_dims, "--head-dims"),
                                  seqlens=_ints(seqlens, "--seqlens"), causals=causals)
     else:
-        typer.echo("no GPU: running the CPU smoke grid under Triton's interpreter", err=True)
-        cases = G.cpu_smoke_grid()
+        typer.echo("no GPU: running the CPU smoke grid (D=64, N=64 and 128) under Triton's interpreter; "
+                   "--head-dims and --seqlens apply on a GPU only", err=True)
+        cases = G.cpu_smoke_grid(dtypes=dts, causals=causals)
     _run_bench(cases, names, device, seed, json_out, png, markdown_out)
 
 
@@ -234,6 +235,7 @@ def tune(
 
     if arch not in SPACES:
         raise typer.BadParameter(f"choose from {', '.join(SPACES)}", param_hint="--arch")
+    _check_tune_options(trials, time_budget, sampler, workers, limit)
     if not torch.cuda.is_available():
         typer.echo("fa2gen tune: no CUDA GPU found; tuning needs the GPU it tunes for", err=True)
         raise typer.Exit(2)
@@ -241,15 +243,31 @@ def tune(
     if dev.arch != arch:
         typer.echo(f"fa2gen tune: this GPU ({dev.name}) is {dev.arch}, not {arch}", err=True)
         raise typer.Exit(2)
-    if trials < 1:
-        raise typer.BadParameter("must be >= 1", param_hint="--trials")
-    from .tuner.evaluate import GpuEvaluator
+    from .tuner.evaluate import DeviceFault, GpuEvaluator
 
     evaluator = GpuEvaluator(workers=workers, seed=seed)
     try:
         _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit)
+    except DeviceFault as e:
+        typer.echo(f"fa2gen tune: stopped, the GPU context is unusable after a faulty candidate ({e}); "
+                   "run the same command again to resume", err=True)
+        raise typer.Exit(3)
     finally:
         evaluator.close()
+
+
+def _check_tune_options(trials, time_budget, sampler, workers, limit) -> None:
+    """Reject bad options before anything is opened, let alone deleted."""
+    if trials < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--trials")
+    if time_budget is not None and not time_budget > 0:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--time-budget")
+    if sampler not in ("tpe", "brute"):
+        raise typer.BadParameter("tpe or brute", param_hint="--sampler")
+    if workers is not None and workers < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--workers")
+    if limit is not None and limit < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--limit")
 
 
 def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit) -> None:
@@ -274,7 +292,8 @@ def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, samp
         buckets = read_grid(grid) if grid else default_buckets()
     except GridError as e:
         raise typer.BadParameter(str(e), param_hint="--grid") from None
-    if limit:
+    _check_tune_options(trials, time_budget, sampler, None, limit)
+    if limit is not None:
         buckets = buckets[:limit]
     results_db = TunedDB(db)
     storage_url = storage or f"sqlite:///{results_db.path.with_name(results_db.path.stem + '-studies.sqlite')}"
@@ -362,28 +381,38 @@ def export_(
     arch: Annotated[str, typer.Option(help="arch of the entries to export")],
     output: Annotated[Path, typer.Option("--output", "-o", help="YAML file to write")],
     device: Annotated[Optional[str], typer.Option(help="device to export (needed if the DB has several)")] = None,
+    triton_version: Annotated[Optional[str], typer.Option("--triton", help="Triton version (default: installed)")] = None,
     db: Annotated[Optional[Path], typer.Option(help="results database")] = None,
 ) -> None:
-    """Write tuned entries of one device as a tuned-config YAML file."""
+    """Write tuned entries of one device as a tuned-config YAML file.
+
+    Only entries tuned against this fa2gen's templates and the chosen Triton version are
+    exported: those are the ones a run-time lookup with that Triton would use.
+    """
     import torch
+    import triton
 
     from . import __version__
     from .generator.arch import arch_from_capability
+    from .generator.rendering import TEMPLATES, template_hash
     from .store.db import TunedDB
     from .store.records import RecordError
     from .store.yamlfile import dump
 
     store = TunedDB(db)
-    entries = [e for e in store.entries(device=device)
-               if arch_from_capability(*map(int, e.validity.capability.split("."))) == arch]
-    devices = sorted({(e.validity.device, e.validity.triton) for e in entries})
+    version = triton_version or triton.__version__
+    current = {template_hash(d) for d in TEMPLATES}
+    candidates = [e for e in store.entries(device=device)
+                  if arch_from_capability(*map(int, e.validity.capability.split("."))) == arch]
+    entries = [e for e in candidates if e.validity.triton == version and e.validity.template_hash in current]
     if not entries:
-        typer.echo(f"fa2gen export: no {arch} entries in {store.path}", err=True)
+        skipped = f" ({len(candidates)} tuned under another Triton or template)" if candidates else ""
+        typer.echo(f"fa2gen export: no {arch} entries for triton {version} in {store.path}{skipped}", err=True)
         raise typer.Exit(1)
+    devices = sorted({(e.validity.device, e.validity.capability) for e in entries})
     if len(devices) > 1:
-        listed = ", ".join(f"{d} (triton {t})" for d, t in devices)
-        typer.echo(f"fa2gen export: entries for several devices or Triton versions: {listed}; pick one with --device",
-                   err=True)
+        listed = ", ".join(f"{d} (cc {c})" for d, c in devices)
+        typer.echo(f"fa2gen export: entries for several devices: {listed}; pick one with --device", err=True)
         raise typer.Exit(1)
     try:
         text = dump(entries, arch=arch, fa2gen_version=__version__, torch_version=torch.__version__)

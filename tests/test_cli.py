@@ -82,13 +82,16 @@ def test_module_entry_point():
         assert cmd in r.stdout
 
 
-def _db_with_entries(path):
+def _db_with_entries(path, triton_version=None, th=None, device="NVIDIA_H200"):
+    import triton
+
+    from fa2gen.generator.rendering import template_hash
     from fa2gen.generator.spec import TuningParams
     from fa2gen.store.buckets import Bucket
     from fa2gen.store.db import TunedDB
     from fa2gen.store.records import Entry, Measurement, Validity
 
-    v = Validity("NVIDIA_H200", "9.0", "3.6.0", "0123456789abcdef")
+    v = Validity(device, "9.0", triton_version or triton.__version__, th or template_hash("fwd"))
     entries = [Entry(v, Bucket("fwd", "fp16", d, "causal", False, 1, 4096, 4096, 64), TuningParams(128, 64, 4, 2,
                      "tma_host"), Measurement(1.0, 0.9, 1.1, 500.0, 1e-3), default_ms=1.25, trials=9) for d in (64, 128)]
     TunedDB(path).put(entries)
@@ -113,6 +116,33 @@ def test_show_export_import_round_trip(tmp_path):
     assert all(e.created_at for e in TunedDB(dst).entries())  # stamped when first stored, kept through YAML
     r = runner.invoke(app, ["export", "--arch", "sm86", "-o", str(yml), "--db", str(src)])
     assert r.exit_code == 1 and "no sm86 entries" in r.output
+
+
+def test_export_takes_current_entries_of_one_device(tmp_path):
+    src, yml = tmp_path / "a.sqlite", tmp_path / "o.yaml"
+    current = _db_with_entries(src)
+    _db_with_entries(src, triton_version="3.5.0")  # an older tuning of the same device
+    _db_with_entries(src, th="ffffffffffffffff")  # tuned against another template
+    r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src)])
+    assert r.exit_code == 0, r.output
+    from fa2gen.store.yamlfile import read
+
+    assert len(read(yml).entries) == len(current)
+    r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src), "--triton", "3.4.0"])
+    assert r.exit_code == 1 and "6 tuned under another" in r.output
+    _db_with_entries(src, device="NVIDIA_H100_80GB_HBM3")
+    r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src)])
+    assert r.exit_code == 1 and "pick one with --device" in r.output
+    r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src), "--device", "NVIDIA_H200"])
+    assert r.exit_code == 0
+
+
+@pytest.mark.parametrize("args,hint", [(["--sampler", "Brute"], "sampler"), (["--limit", "0"], "limit"),
+                                       (["--time-budget", "0"], "time-budget"), (["--workers", "-1"], "workers"),
+                                       (["--trials", "0"], "trials")])
+def test_tune_rejects_bad_options_before_anything_else(args, hint):
+    r = runner.invoke(app, ["tune", "--arch", "sm90", *args])
+    assert r.exit_code == 2 and hint in r.output
 
 
 def test_import_rejects_bad_yaml(tmp_path):

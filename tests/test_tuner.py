@@ -60,8 +60,25 @@ def test_pruning_reasons_and_no_failed_trials(tmp_path):
         if t.state == TrialState.PRUNED:
             p = TuningParams(**t.params)
             why = prune_reason(space_for("sm90"), KernelSpec(head_dim=128, mask="causal"), B4K, p)
-            stand_in = (p.num_stages == 4 and p.block_n == 256) or (p.block_m == 16 and p.block_n == 32)
+            stand_in = ((p.num_warps == 8 and p.num_stages == 3 and p.loads == "tma_device")
+                        or (p.block_m == 32 and p.block_n == 64 and p.num_stages == 1))
             assert why is not None or stand_in, (p, t.user_attrs)
+
+
+def test_compile_failures_and_wrong_results_are_pruned_with_reasons(tmp_path):
+    from fa2gen.tuner.study import tune_bucket
+
+    storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
+    wrong = TuningParams(32, 64, 4, 1, "pointer")
+    broken = TuningParams(128, 64, 8, 3, "tma_device")
+    tune_bucket(B4K, CostModelEvaluator(OPTIMUM), space_for("sm90"), storage=storage, name_prefix="t", trials=6,
+                warm_start=[wrong, broken])
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    reasons = {TuningParams(**t.params): t.user_attrs.get("prune_reason") for t in study.get_trials()}
+    assert "wrong result" in reasons[wrong]
+    assert "CompileError" in reasons[broken]
+    assert all(t.state == TrialState.PRUNED for t in study.get_trials()
+               if TuningParams(**t.params) in (wrong, broken))
 
 
 def test_static_rules():
@@ -220,3 +237,89 @@ def test_compile_pool_survives_hangs_crashes_and_errors():
     assert (out["ok1"], out["ok2"], out["ok3"]) == (1, 2, 3)
     assert "timed out" in out["hang"] and "timed out" in out["crash"]
     assert "ptxas says no" in out["err"]
+
+
+class _DeadlineAfter(CostModelEvaluator):
+    """Cost model whose measurements push the clock past a deadline after ``n`` of them."""
+
+    def __init__(self, n):
+        super().__init__(optimum=OPTIMUM)
+        self.n = n
+
+    def measure(self, bucket, params):
+        m = super().measure(bucket, params)
+        if self.calls >= self.n:
+            time.sleep(1.5)
+        return m
+
+
+def test_deadline_cut_trials_run_on_resume(tmp_path):
+    from fa2gen.tuner.study import tune_bucket
+
+    storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
+    space = space_for("sm90")
+    r1 = tune_bucket(B4K, _DeadlineAfter(0), space, storage=storage, name_prefix="t", trials=40, batch=16,
+                     deadline=time.time() + 2)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    cut = [t.params for t in study.get_trials(states=(TrialState.FAIL,))]
+    assert cut and r1.trials < 40
+    r2 = tune_bucket(B4K, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=40, batch=8)
+    assert r2.trials == 40  # failed trials did not spend the budget
+    decided = [t.params for t in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))]
+    assert all(p in decided for p in cut)  # ... and every cut-off point ran
+
+
+def test_brute_force_study_resumes_after_an_orphan(tmp_path):
+    from fa2gen.tuner.study import tune_bucket
+
+    short = Bucket("fwd", "fp16", 64, "none", False, 1, 16, 128, 64)
+    storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
+    space = space_for("sm90")
+    tune_bucket(short, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=1000,
+                sampler="brute")
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    decided = study.get_trials(states=(TrialState.COMPLETE,))
+    # A trial a dead tuner left running on this very space, then a resume.
+    orphan = study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in space.choices().items()})
+    orphan.set_user_attr("worker", "elsewhere:1")
+    storage.set_trial_system_attr(orphan._trial_id, "x", 1)
+    r = tune_bucket(short, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=1000,
+                    sampler="brute")
+    assert r.best is not None and len(study.get_trials(states=(TrialState.COMPLETE,))) >= len(decided)
+
+
+def test_orphans_from_another_host_expire(monkeypatch):
+    import datetime
+
+    from fa2gen.tuner import study as study_mod
+
+    class T:
+        def __init__(self, worker, age_s):
+            self.user_attrs = {"worker": worker}
+            self.datetime_start = datetime.datetime.now() - datetime.timedelta(seconds=age_s)
+
+    assert not study_mod._orphaned(T("some-other-host:123", 60))
+    assert study_mod._orphaned(T("some-other-host:123", study_mod.STALE_AFTER_S + 60))
+    import socket
+
+    assert study_mod._orphaned(T(f"{socket.gethostname()}:999999999", 1))  # no such process here
+    assert not study_mod._orphaned(T(f"{socket.gethostname()}:{os.getpid()}", 10**6))
+    nameless = T(None, 60)
+    nameless.user_attrs = {}
+    assert study_mod._orphaned(nameless)
+
+
+def test_default_is_measured_even_where_heuristics_would_prune_it(tmp_path):
+    """sm86, D=128, one query: the default 16x32 tile with 4 warps breaks the 'tile too small'
+    rule, but it is the baseline of the speedup, so it must still be measured."""
+    decode = Bucket("fwd", "fp16", 128, "none", False, 1, 1, 8192, 64)
+    from fa2gen.runtime.defaults import default_params
+    from fa2gen.tuner.evaluate import spec_of
+
+    default = default_params(spec_of(decode), "sm86", 1)
+    assert prune_reason(SPACES["sm86"], spec_of(decode), decode, default) is not None
+    db = TunedDB(tmp_path / "t.sqlite")
+    storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
+    [r] = tune([decode], CostModelEvaluator(OPTIMUM), SPACES["sm86"], db=db, storage=storage,
+               validity_for=lambda b: VALID, options=TuneOptions(trials=10))
+    assert r.default_ms is not None

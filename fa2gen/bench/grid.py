@@ -61,11 +61,12 @@ def canonical_grid(
     ]
 
 
-def cpu_smoke_grid() -> list[Case]:
-    """A few small shapes that finish quickly under Triton's interpreter."""
+def cpu_smoke_grid(dtypes=("fp16",), causals=(False, True)) -> list[Case]:
+    """A few small shapes (D=64, N=64 and 128) that finish quickly under Triton's interpreter."""
     return [
-        Case(batch=1, heads=2, seqlen=n, head_dim=64, causal=c, dtype="fp16")
-        for c in (False, True)
+        Case(batch=1, heads=2, seqlen=n, head_dim=64, causal=c, dtype=dt)
+        for dt in dtypes
+        for c in causals
         for n in (64, 128)
     ]
 

@@ -59,10 +59,12 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
-def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None):
+def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False):
     """Run the forward kernel for ``problem`` with ``params``; returns (out, lse fp32).
 
     ``out``/``lse`` may be given preallocated (tests poison them with NaN first).
+    ``compile_only`` compiles the exact specialisation this call would launch, without
+    launching it (the tuner's compile workers).
     """
     if out is None:
         out = torch.empty_like(q)
@@ -94,7 +96,9 @@ def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=No
     right = unbounded if problem.window_right < 0 else min(problem.window_right, unbounded)
     num_m = -(-problem.seqlen_q // params.block_m)
     grid = (num_m * problem.batch * problem.heads_q,)
-    module.attn_fwd[grid](
+    kernel = module.attn_fwd.warmup if compile_only else module.attn_fwd[grid]
+    extra = {"grid": grid} if compile_only else {}
+    kernel(
         *args,
         lse,
         *q.stride()[:3],
@@ -115,5 +119,6 @@ def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=No
         BLOCK_N=params.block_n,
         num_warps=params.num_warps,
         num_stages=params.num_stages,
+        **extra,
     )
     return out, lse

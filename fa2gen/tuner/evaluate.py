@@ -20,11 +20,22 @@ from ..store.records import Measurement
 
 class Rejected(Exception):
     """A candidate that must not be stored: failed to compile, ran out of resources,
-    or computed a wrong answer. ``reason`` goes into the trial's user attrs."""
+    or computed a wrong answer. ``reason`` goes into the trial's user attrs; ``fatal``
+    means the device is unusable afterwards (a CUDA fault), so tuning must stop."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, *, fatal: bool = False):
         super().__init__(reason)
         self.reason = reason
+        self.fatal = fatal
+
+
+class DeviceFault(RuntimeError):
+    """A candidate broke the CUDA context; the tuning run stops (restart the process)."""
+
+
+def _is_cuda_fault(e: BaseException) -> bool:
+    text = str(e)
+    return "CUDA error" in text or "illegal memory access" in text or "unspecified launch failure" in text
 
 
 def representative_problem(bucket: Bucket) -> Problem:
@@ -74,9 +85,9 @@ class CostModelEvaluator:
     Cost (ms) of a candidate = base * tile_penalty * warp_penalty * stage_penalty * load_penalty,
     smooth with a single optimum at ``optimum`` (default block_m 128, block_n 64, 4 warps,
     2 stages, tma_host), multiplied by the bucket's FLOPs so that buckets differ.
-    Candidates with ``num_stages == 4 and block_n == 256`` "fail to compile" and those with
-    ``block_m == 16 and block_n == 32`` "compute a wrong answer", so that both rejection
-    paths are exercised. ``calls`` counts measurements, to prove resumed studies do not
+    Candidates with ``num_warps == 8 and num_stages == 3 and loads == "tma_device"`` "fail to
+    compile" and those with ``block_m == 32 and block_n == 64 and num_stages == 1`` "compute a
+    wrong answer" (both reachable past static pruning), so that both rejection paths are exercised. ``calls`` counts measurements, to prove resumed studies do not
     re-measure finished trials.
     """
 
@@ -94,12 +105,13 @@ class CostModelEvaluator:
 
     def compile(self, bucket, candidates):
         self.compiled.extend(candidates)
-        return {p: ("CompileError: stand-in ptxas failure" if p.num_stages == 4 and p.block_n == 256 else None)
+        return {p: ("CompileError: stand-in ptxas failure"
+                    if p.num_warps == 8 and p.num_stages == 3 and p.loads == "tma_device" else None)
                 for p in candidates}
 
     def measure(self, bucket, params):
         self.calls += 1
-        if params.block_m == 16 and params.block_n == 32:
+        if params.block_m == 32 and params.block_n == 64 and params.num_stages == 1:
             raise Rejected("wrong result: stand-in error 1.0e-01 over the criterion")
         ms = self.cost_ms(bucket, params)
         return Measurement(median_ms=ms, p20_ms=ms * 0.99, p80_ms=ms * 1.01, tflops=flops(bucket) / ms / 1e9,
@@ -111,9 +123,9 @@ class CostModelEvaluator:
 
 
 def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
-    """Compile one variant in a worker process by launching it once on empty inputs of the
-    bucket's timing shape (same specialisation as the timed call, so the parent hits
-    Triton's on-disk cache). Returns None or the failure reason."""
+    """Compile one variant in a worker process for empty inputs of the bucket's timing shape
+    (the same specialisation as the timed call, so the parent hits Triton's on-disk cache).
+    Returns None or the failure reason."""
     try:
         import torch
 
@@ -127,8 +139,8 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         q = torch.empty(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt)
         k = torch.empty(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt)
         problem = make_problem(q, k, k, **_semantics(bucket))
-        forward(q, k, k, problem, TuningParams.from_dict(params_data))
-        torch.cuda.synchronize()
+        # Compile without launching: a faulty candidate cannot poison this worker's context.
+        forward(q, k, k, problem, TuningParams.from_dict(params_data), compile_only=True)
         return None
     except Exception as e:  # compile errors, OutOfResources, ptxas failures are answers here
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -238,16 +250,19 @@ class GpuEvaluator:
         try:
             forward(gq, gk, gv, gp, params, out=out, lse=lse)
             torch.cuda.synchronize()
-        except Exception as e:
-            raise Rejected(f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
-        verdict = check_forward(gq, gk, gv, gp, out, lse)
-        if not verdict.ok:
-            raise Rejected(f"wrong result: {verdict}")
-        q, k, v, problem = self._problem_inputs(bucket)
-        timed_out = torch.full_like(q, float("nan"))
-        t = time_it(lambda: forward(q, k, v, problem, params, out=timed_out))
-        if torch.isnan(timed_out).any():
-            raise Rejected("NaN in the timed output")
+            verdict = check_forward(gq, gk, gv, gp, out, lse)
+            if not verdict.ok:
+                raise Rejected(f"wrong result: {verdict}")
+            q, k, v, problem = self._problem_inputs(bucket)
+            timed_out = torch.full_like(q, float("nan"))
+            t = time_it(lambda: forward(q, k, v, problem, params, out=timed_out))
+            if torch.isnan(timed_out).any():
+                raise Rejected("NaN in the timed output")
+        except Rejected:
+            raise
+        except Exception as e:  # out of resources or memory: this candidate; a CUDA fault: the device
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            raise Rejected(reason, fatal=_is_cuda_fault(e)) from None
         return Measurement(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
                            tflops=flops(bucket) / t.median_ms / 1e9, max_error=verdict.out_err)
 

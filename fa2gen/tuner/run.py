@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,6 +31,24 @@ class TuneOptions:
     batch: int = 8
 
 
+def _use_wal(url: str) -> None:
+    """Put a SQLite study file in WAL mode (a persistent property of the file), so that
+    readers do not block the tuners writing to it."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    path = make_url(url).database
+    if not path or path == ":memory:":
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path, timeout=60)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+    finally:
+        con.close()
+
+
 def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
     """Any Optuna storage URL; SQLite files get a long busy timeout for concurrent tuners.
 
@@ -39,7 +58,10 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
     """
     from sqlalchemy.exc import IntegrityError, OperationalError
 
-    kwargs = {"engine_kwargs": {"connect_args": {"timeout": 60}}} if url.startswith("sqlite:") else {}
+    kwargs = {}
+    if url.startswith("sqlite:"):
+        kwargs = {"engine_kwargs": {"connect_args": {"timeout": 60}}}
+        _use_wal(url)
     for attempt in range(attempts):
         try:
             return optuna.storages.RDBStorage(url, **kwargs)

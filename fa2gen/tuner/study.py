@@ -8,6 +8,7 @@ trials of a killed run that were still running are marked failed on the next sta
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import socket
@@ -21,11 +22,11 @@ from optuna.trial import TrialState
 from ..generator.spec import TuningParams
 from ..store.buckets import Bucket
 from ..store.records import Measurement
-from .evaluate import Evaluator, Rejected, spec_of
+from .evaluate import DeviceFault, Evaluator, Rejected, spec_of
+from ..generator.arch import fits
 from .space import SearchSpace, prune_reason
 
 log = logging.getLogger(__name__)
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 DECIDED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
@@ -35,7 +36,7 @@ class BucketResult:
     best: TuningParams | None
     measurement: Measurement | None
     default_ms: float | None
-    trials: int  # finished trials in the study
+    trials: int  # decided (measured or pruned) trials in the study
     measured: int  # trials measured by this run
 
 
@@ -60,27 +61,42 @@ def _me() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _alive(worker: str) -> bool:
+STALE_AFTER_S = 15 * 60  # no trial (compile timeout included) runs this long
+NAMELESS_GRACE_S = 2.0
+
+
+def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a RUNNING trial belongs to a tuner that is gone.
+
+    On this host: its process no longer exists. From another host (a previous machine):
+    it started longer ago than any trial can take. Unnamed: see below.
+    """
+    worker = trial.user_attrs.get("worker")
+    started = trial.datetime_start
+    age = (datetime.datetime.now() - started).total_seconds() if started else 0.0
+    if worker is None:
+        # A live tuner names itself within milliseconds of asking; a nameless trial older
+        # than that was asked by a tuner killed in between. (Failing a live one by mistake
+        # only costs a repeated measurement: its late tell is skipped.)
+        return age > NAMELESS_GRACE_S
     host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname():
-        return True  # cannot tell for another host: leave its trials alone
-    try:
-        os.kill(int(pid), 0)
-        return True
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
+    if host == socket.gethostname():
+        try:
+            os.kill(int(pid), 0)
+            return False
+        except (ProcessLookupError, ValueError):
+            return True
+        except PermissionError:
+            return False
+    return age > STALE_AFTER_S
 
 
 def _fail_orphans(study: optuna.Study) -> int:
-    """Mark trials left RUNNING by a killed tuner as failed and queue their points again."""
+    """Mark trials left RUNNING by a tuner that is gone as failed (re-queued below)."""
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = t.user_attrs.get("worker")
-        if worker and not _alive(worker):
-            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            study.enqueue_trial(dict(t.params))
+        if _orphaned(t):
+            _tell(study, t.number, state=TrialState.FAIL)
             n += 1
     return n
 
@@ -89,11 +105,12 @@ def _tell(study: optuna.Study, trial, value=None, state=None) -> optuna.trial.Fr
     """study.tell, tolerating BruteForceSampler's call of study.stop() once the space is
     exhausted (meant for study.optimize; the trial is recorded before it raises)."""
     try:
-        return study.tell(trial, value, state=state)
+        return study.tell(trial, value, state=state, skip_if_finished=True)
     except RuntimeError as e:
         if "Study.stop" not in str(e):
             raise
-        return study.get_trials(deepcopy=False)[trial.number]
+        number = trial if isinstance(trial, int) else trial.number
+        return study.get_trials(deepcopy=False)[number]
 
 
 def params_of(trial_params: dict) -> TuningParams:
@@ -134,7 +151,8 @@ def tune_bucket(
     seen: dict[TuningParams, optuna.trial.FrozenTrial] = {
         params_of(t.params): t for t in study.get_trials(deepcopy=False, states=DECIDED)}
     queued = {params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
-    for p in ([default] if default else []) + list(warm_start):
+    undecided = [params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))]
+    for p in ([default] if default else []) + list(warm_start) + undecided:
         if space.contains(p) and p not in seen and p not in queued:
             study.enqueue_trial(p.to_dict())
             queued.add(p)
@@ -143,7 +161,8 @@ def tune_bucket(
     measured = 0
 
     def finished() -> int:
-        return len(study.get_trials(deepcopy=False, states=FINISHED))
+        # Only decided trials spend the budget: failed ones (cut off, interrupted) run again.
+        return len(study.get_trials(deepcopy=False, states=DECIDED))
 
     def best_value() -> float | None:
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -178,7 +197,8 @@ def tune_bucket(
                 trial.set_user_attr("fail_reason", "duplicate within a batch")
                 _tell(study, trial, state=TrialState.FAIL)
                 continue
-            why = prune_reason(space, spec, bucket, params)
+            # The default is the baseline of every speedup: only a hard limit may stop it.
+            why = fits(spec, params, space.arch) if params == default else prune_reason(space, spec, bucket, params)
             if why:
                 trial.set_user_attr("prune_reason", why)
                 seen[params] = _tell(study, trial, state=TrialState.PRUNED)
@@ -189,10 +209,14 @@ def tune_bucket(
             if on_progress:
                 on_progress(finished(), best_value())
             continue
+        if deadline is not None and time.time() >= deadline:
+            for trial, _ in round_trials:
+                _tell(study, trial, state=TrialState.FAIL)  # not run: queued again on resume
+            break
         compiled = evaluator.compile(bucket, [p for _, p in round_trials])
         for trial, params in round_trials:
             if deadline is not None and time.time() >= deadline:
-                _tell(study, trial, state=TrialState.FAIL)  # not run: re-proposed on resume
+                _tell(study, trial, state=TrialState.FAIL)  # not run: queued again on resume
                 continue
             reason = compiled.get(params)
             if reason is None:
@@ -201,6 +225,14 @@ def tune_bucket(
                     measured += 1
                 except Rejected as e:
                     reason = e.reason
+                    if e.fatal:
+                        # The device is unusable (an illegal access kills the CUDA context): the
+                        # candidate is pruned for good and the run stops rather than prune the rest.
+                        trial.set_user_attr("prune_reason", reason)
+                        _tell(study, trial, state=TrialState.PRUNED)
+                        for later, _ in round_trials:
+                            _tell(study, later, state=TrialState.FAIL)
+                        raise DeviceFault(f"{bucket.key}: {reason}") from None
             if reason is not None:
                 trial.set_user_attr("prune_reason", reason)
                 seen[params] = _tell(study, trial, state=TrialState.PRUNED)
