@@ -323,3 +323,19 @@ def test_default_is_measured_even_where_heuristics_would_prune_it(tmp_path):
     [r] = tune([decode], CostModelEvaluator(OPTIMUM), SPACES["sm86"], db=db, storage=storage,
                validity_for=lambda b: VALID, options=TuneOptions(trials=10))
     assert r.default_ms is not None
+
+
+def test_two_tuners_on_the_same_studies(tmp_path):
+    db, url = tmp_path / "tuned.sqlite", f"sqlite:///{tmp_path / 'studies.sqlite'}"
+    TunedDB(db)
+    open_storage(url)
+    procs = [_driver(db, url, 16, 2, 0.02, 0) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    storage = open_storage(url)
+    for s in storage.get_all_studies():
+        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        assert len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) >= 16
+        assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert {e.bucket.key for e in TunedDB(db).entries()} == {b.key for b in default_buckets()[:2]}

@@ -113,6 +113,16 @@ def _tell(study: optuna.Study, trial, value=None, state=None) -> optuna.trial.Fr
         return study.get_trials(deepcopy=False)[number]
 
 
+def _attr(trial, key: str, value) -> None:
+    """trial.set_user_attr, unless the trial is already finished: two tuners sharing a
+    SQLite study can pop the same queued trial (SQLite has no row locks); the first to
+    finish it wins and the other's updates are dropped."""
+    try:
+        trial.set_user_attr(key, value)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+
+
 def params_of(trial_params: dict) -> TuningParams:
     return TuningParams.from_dict(trial_params)
 
@@ -177,7 +187,7 @@ def tune_bucket(
             except RuntimeError:  # brute force: every point has been tried
                 exhausted = True
                 break
-            trial.set_user_attr("worker", _me())
+            _attr(trial, "worker", _me())
             params = TuningParams(**trial.params)
             previous = seen.get(params)
             if previous is not None:
@@ -185,22 +195,22 @@ def tune_bucket(
                 if previous.state == TrialState.COMPLETE:
                     for k, v in previous.user_attrs.items():
                         if k != "worker":
-                            trial.set_user_attr(k, v)
+                            _attr(trial, k, v)
                     seen[params] = _tell(study, trial, previous.value)
                 else:
-                    trial.set_user_attr("prune_reason", previous.user_attrs.get("prune_reason", "duplicate"))
+                    _attr(trial, "prune_reason", previous.user_attrs.get("prune_reason", "duplicate"))
                     seen[params] = _tell(study, trial, state=TrialState.PRUNED)
                 continue
             if any(params == p for _, p in round_trials):
                 # Proposed twice in one batch: run it once; this copy is dropped (FAIL is
                 # ignored by the sampler, where PRUNED would mark a good point bad).
-                trial.set_user_attr("fail_reason", "duplicate within a batch")
+                _attr(trial, "fail_reason", "duplicate within a batch")
                 _tell(study, trial, state=TrialState.FAIL)
                 continue
             # The default is the baseline of every speedup: only a hard limit may stop it.
             why = fits(spec, params, space.arch) if params == default else prune_reason(space, spec, bucket, params)
             if why:
-                trial.set_user_attr("prune_reason", why)
+                _attr(trial, "prune_reason", why)
                 seen[params] = _tell(study, trial, state=TrialState.PRUNED)
                 continue
             round_trials.append((trial, params))
@@ -228,17 +238,17 @@ def tune_bucket(
                     if e.fatal:
                         # The device is unusable (an illegal access kills the CUDA context): the
                         # candidate is pruned for good and the run stops rather than prune the rest.
-                        trial.set_user_attr("prune_reason", reason)
+                        _attr(trial, "prune_reason", reason)
                         _tell(study, trial, state=TrialState.PRUNED)
                         for later, _ in round_trials:
                             _tell(study, later, state=TrialState.FAIL)
                         raise DeviceFault(f"{bucket.key}: {reason}") from None
             if reason is not None:
-                trial.set_user_attr("prune_reason", reason)
+                _attr(trial, "prune_reason", reason)
                 seen[params] = _tell(study, trial, state=TrialState.PRUNED)
                 continue
             for k in ("p20_ms", "p80_ms", "tflops", "max_error"):
-                trial.set_user_attr(k, getattr(m, k))
+                _attr(trial, k, getattr(m, k))
             seen[params] = _tell(study, trial, m.median_ms)
             if on_progress:
                 on_progress(finished(), best_value())
