@@ -120,19 +120,15 @@ def _from_dict(cls, data: Mapping[str, Any]):
     return cls(**dict(data))
 
 
-def param_space(spec: KernelSpec, arch: str | None = None) -> list[TuningParams]:
-    """Every TuningParams point that is valid for ``spec`` (before per-arch pruning).
-
-    The product is small enough to enumerate; the tuner prunes it further by the
-    shared-memory limits of the target arch.
-    """
+def param_space(spec: KernelSpec) -> list[TuningParams]:
+    """Every TuningParams point that renders for ``spec``. Which of them suit an arch is
+    the tuner's business (``fa2gen.tuner.space``)."""
     del spec  # every point is structurally valid for every spec today
-    loads = LOADS if arch in (None, "sm90") else ("pointer",)
     return [
         TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld)
         for bm in BLOCK_SIZES
         for bn in BLOCK_SIZES
         for w in NUM_WARPS
         for s in NUM_STAGES
-        for ld in loads
+        for ld in LOADS
     ]
