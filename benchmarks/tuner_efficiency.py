@@ -21,10 +21,10 @@ import optuna
 from optuna.trial import TrialState
 
 from fa2gen.generator.spec import TuningParams
-from fa2gen.runtime.defaults import default_params
+from fa2gen.runtime.defaults import bucket_default
 from fa2gen.store.buckets import Bucket
 from fa2gen.store.records import Measurement
-from fa2gen.tuner.evaluate import CostModelEvaluator, Rejected, spec_of
+from fa2gen.tuner.evaluate import CostModelEvaluator, Rejected
 from fa2gen.tuner.space import prune_reason, space_for
 from fa2gen.tuner.study import tune_bucket
 
@@ -52,7 +52,7 @@ class Replay:
 
 
 def exhaustive(bucket: Bucket, evaluator, space) -> dict:
-    spec = spec_of(bucket)
+    spec = bucket.kernel_spec()
     points = [TuningParams(**dict(zip(space.choices(), values)))
               for values in __import__("itertools").product(*space.choices().values())]
     table: dict[TuningParams, Measurement | str] = {}
@@ -77,7 +77,7 @@ def exhaustive(bucket: Bucket, evaluator, space) -> dict:
 def trials_to_target(bucket, table, space, seed, max_trials, target_ms):
     storage = optuna.storages.InMemoryStorage()
     tune_bucket(bucket, Replay(table), space, storage=storage, name_prefix="eff", trials=max_trials, seed=seed,
-                default=default_params(spec_of(bucket), space.arch, bucket.seqlen_q))
+                default=bucket_default(bucket, space.arch))
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     best, measured = float("inf"), 0
     for t in sorted(study.get_trials(), key=lambda t: t.number):

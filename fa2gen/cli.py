@@ -350,7 +350,6 @@ def show(
     from rich.console import Console
     from rich.table import Table
 
-    from .generator.arch import arch_from_capability
     from .store.db import StoreError, TunedDB
 
     try:
@@ -363,7 +362,7 @@ def show(
         table.add_column(col)
     n = 0
     for e in store.entries(device=device):
-        a = arch_from_capability(*map(int, e.validity.capability.split(".")))
+        a = e.validity.arch
         if arch and a != arch:
             continue
         p = e.params
@@ -393,7 +392,6 @@ def export_(
     import triton
 
     from . import __version__
-    from .generator.arch import arch_from_capability
     from .generator.rendering import TEMPLATES, template_hash
     from .store.db import TunedDB
     from .store.records import RecordError
@@ -403,7 +401,7 @@ def export_(
     version = triton_version or triton.__version__
     current = {template_hash(d) for d in TEMPLATES}
     candidates = [e for e in store.entries(device=device)
-                  if arch_from_capability(*map(int, e.validity.capability.split("."))) == arch]
+                  if e.validity.arch == arch]
     entries = [e for e in candidates if e.validity.triton == version and e.validity.template_hash in current]
     if not entries:
         skipped = f" ({len(candidates)} tuned under another Triton or template)" if candidates else ""

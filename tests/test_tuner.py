@@ -314,10 +314,9 @@ def test_default_is_measured_even_where_heuristics_would_prune_it(tmp_path):
     rule, but it is the baseline of the speedup, so it must still be measured."""
     decode = Bucket("fwd", "fp16", 128, "none", False, 1, 1, 8192, 64)
     from fa2gen.runtime.defaults import default_params
-    from fa2gen.tuner.evaluate import spec_of
 
-    default = default_params(spec_of(decode), "sm86", 1)
-    assert prune_reason(SPACES["sm86"], spec_of(decode), decode, default) is not None
+    default = default_params(decode.kernel_spec(), "sm86", 1)
+    assert prune_reason(SPACES["sm86"], decode.kernel_spec(), decode, default) is not None
     db = TunedDB(tmp_path / "t.sqlite")
     storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
     [r] = tune([decode], CostModelEvaluator(OPTIMUM), SPACES["sm86"], db=db, storage=storage,

@@ -34,7 +34,7 @@ def _fa2gen(case, q, k, v):
 
 def _fa2gen_default(case, q, k, v):
     """fa2gen with its heuristic default config, skipping tuned lookups (the A/B baseline)."""
-    from fa2gen.runtime.defaults import default_params
+    from fa2gen.runtime.defaults import bucket_default
     from fa2gen.runtime.device import cuda_device_info
     from fa2gen.runtime.launch import forward
     from fa2gen.runtime.problem import make_problem
@@ -42,7 +42,7 @@ def _fa2gen_default(case, q, k, v):
 
     problem = make_problem(q, k, v, causal=case.causal)
     arch = cuda_device_info(q.device.index or 0).arch if q.device.type == "cuda" else "cpu"
-    params = default_params(problem.kernel_spec(), arch, Bucket.of(problem).seqlen_q)
+    params = bucket_default(Bucket.of(problem), arch)
     # Validation stays in the timed call, as in attention(), so both pay the same host cost.
     return lambda: forward(q, k, v, make_problem(q, k, v, causal=case.causal), params)[0]
 

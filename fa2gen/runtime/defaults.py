@@ -47,6 +47,12 @@ def shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningPa
     return params
 
 
+def bucket_default(bucket, arch: str) -> TuningParams:
+    """The default for every problem of a ``fa2gen.store.buckets.Bucket`` (sized for its
+    rounded-up query length, so the whole bucket gets one answer)."""
+    return default_params(bucket.kernel_spec(), arch, bucket.seqlen_q)
+
+
 def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     """The heuristic default for ``spec`` on ``arch`` ("cpu" means the interpreter)."""
     if arch == "cpu":

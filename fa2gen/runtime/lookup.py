@@ -25,7 +25,7 @@ from ..generator.arch import fits
 from ..generator.rendering import template_hash
 from ..generator.spec import TuningParams
 from ..store.buckets import Bucket
-from .defaults import default_params
+from .defaults import bucket_default
 from .device import DeviceInfo
 from .problem import Problem
 
@@ -157,5 +157,4 @@ def choose(problem: Problem, device: DeviceInfo | None) -> Choice:
             found = source(bucket, validity, spec, arch)
             if found is not None:
                 return found
-    # The bucket's (rounded-up) length, so every problem in a bucket gets the same answer.
-    return Choice(default_params(spec, arch, bucket.seqlen_q), "default")
+    return Choice(bucket_default(bucket, arch), "default")

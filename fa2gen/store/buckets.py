@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..generator.spec import DIRECTIONS, DTYPES, HEAD_DIMS, MASKS, SpecError
+from ..generator.spec import DIRECTIONS, DTYPES, HEAD_DIMS, MASKS, KernelSpec, SpecError
 
 MAX_SEQ = 65536
 MAX_BH = 4096
@@ -72,6 +72,11 @@ class Bucket:
     def of(cls, problem, direction: str = "fwd") -> "Bucket":
         """The bucket of a ``fa2gen.runtime.problem.Problem`` (or anything with its fields)."""
         return cls(*bucket_fields(problem, direction))
+
+    def kernel_spec(self) -> KernelSpec:
+        """The kernel every problem of this bucket runs."""
+        return KernelSpec(direction=self.direction, dtype=self.dtype, head_dim=self.head_dim, mask=self.mask,
+                          softcap=self.softcap)
 
     @property
     def key(self) -> str:

@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..generator.arch import arch_from_capability
 from ..generator.spec import SpecError, TuningParams
 from .buckets import Bucket
 
@@ -58,6 +59,10 @@ class Validity:
         check_str("template_hash", self.template_hash, _HASH)
         if isinstance(self.schema, bool) or not isinstance(self.schema, int) or self.schema < 1:
             raise RecordError(f"schema: invalid value {self.schema!r}")
+
+    @property
+    def arch(self) -> str:
+        return arch_from_capability(*map(int, self.capability.split(".")))
 
 
 @dataclass(frozen=True)

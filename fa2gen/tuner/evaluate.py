@@ -12,7 +12,7 @@ import multiprocessing
 import os
 from typing import Protocol
 
-from ..generator.spec import KernelSpec, TuningParams
+from ..generator.spec import TuningParams
 from ..runtime.problem import Problem
 from ..store.buckets import Bucket
 from ..store.records import Measurement
@@ -56,11 +56,6 @@ def representative_problem(bucket: Bucket) -> Problem:
         sm_scale=bucket.head_dim ** -0.5,
         softcap=kw["softcap"],
     )
-
-
-def spec_of(bucket: Bucket) -> KernelSpec:
-    return KernelSpec(direction=bucket.direction, dtype=bucket.dtype, head_dim=bucket.head_dim, mask=bucket.mask,
-                      softcap=bucket.softcap)
 
 
 def flops(bucket: Bucket) -> float:

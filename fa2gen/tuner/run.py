@@ -10,11 +10,11 @@ from typing import Callable
 import optuna
 
 from ..generator.spec import TuningParams
-from ..runtime.defaults import default_params
+from ..runtime.defaults import bucket_default
 from ..store.buckets import Bucket
 from ..store.db import TunedDB
 from ..store.records import Entry, Validity
-from .evaluate import Evaluator, spec_of
+from .evaluate import Evaluator
 from .space import SearchSpace
 from .study import BucketResult, study_name, tune_bucket
 
@@ -115,7 +115,7 @@ def tune(
                 optuna.delete_study(study_name=study_name(prefix, bucket), storage=storage)
             except KeyError:
                 pass
-        default = default_params(spec_of(bucket), space.arch, bucket.seqlen_q)
+        default = bucket_default(bucket, space.arch)
         result = tune_bucket(
             bucket, evaluator, space, storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,

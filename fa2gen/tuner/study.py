@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from ..generator.spec import TuningParams
 from ..store.buckets import Bucket
 from ..store.records import Measurement
-from .evaluate import DeviceFault, Evaluator, Rejected, spec_of
+from .evaluate import DeviceFault, Evaluator, Rejected
 from ..generator.arch import fits
 from .space import SearchSpace, prune_reason
 
@@ -150,7 +150,7 @@ def tune_bucket(
     on_progress: Callable[[int, float | None], None] | None = None,
 ) -> BucketResult:
     """Run (or resume) the study for ``bucket`` until it has ``trials`` finished trials."""
-    spec = spec_of(bucket)
+    spec = bucket.kernel_spec()
     study = optuna.create_study(study_name=study_name(name_prefix, bucket), storage=storage, direction="minimize",
                                 sampler=make_sampler(sampler, seed), load_if_exists=True)
     orphans = _fail_orphans(study)
