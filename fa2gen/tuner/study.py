@@ -93,8 +93,21 @@ def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
 
 def _fail_orphans(study: optuna.Study) -> int:
     """Mark trials left RUNNING by a tuner that is gone as failed (re-queued below)."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    # A nameless trial younger than the grace period may belong to a live tuner that is
+    # about to name it, or to one killed a moment ago: wait out the grace, then look again.
+    now = datetime.datetime.now()
+    young = [
+        (now - t.datetime_start).total_seconds()
+        for t in running
+        if t.user_attrs.get("worker") is None and t.datetime_start is not None
+    ]
+    young = [age for age in young if age <= NAMELESS_GRACE_S]
+    if young:
+        time.sleep(NAMELESS_GRACE_S - min(young) + 0.05)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for t in running:
         if _orphaned(t):
             _tell(study, t.number, state=TrialState.FAIL)
             n += 1
