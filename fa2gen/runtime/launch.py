@@ -42,12 +42,6 @@ def ensure_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
-def _descriptor(t: torch.Tensor, rows: int, head_dim_padded: int):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim_padded])
-
-
 def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> TuningParams:
     """``params`` with tensor-descriptor loads swapped for pointers where the tensors forbid
     them. Pointer loads stage more in shared memory, so the swapped config is shrunk until
@@ -57,6 +51,66 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
 
         return shrink_to_fit(spec, params.replace(loads="pointer"), "sm90")
     return params
+
+
+class _HostDescriptor:
+    """The fields Triton's launcher reads from a host tensor descriptor.
+
+    ``TensorDescriptor`` re-checks alignment and shapes on construction; on the fast
+    path ``tma_compatible`` has already checked them for this call.
+    """
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, t: torch.Tensor):
+        self.base = t
+        self.shape = t.shape
+        self.strides = t.stride()
+        self.padding = "zero"
+
+
+_I32_MAX = 2**31 - 1
+
+# Compiled tma_host kernels keyed by (spec, params, device, whether lse is 16-byte
+# aligned). With host descriptors every other argument is either a descriptor (its type
+# fixed by dtype and block shape), an int Triton does not specialise, or an fp32 scalar,
+# so that key determines the kernel Triton's own dispatch would pick.
+_fast: dict[tuple, object] = {}
+
+
+def _widest(scalars) -> int:
+    return max(x for x in scalars if isinstance(x, int))
+
+
+def _launch_hooks_set() -> bool:
+    from triton import knobs
+
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+def _launch_tma_host(module, key, grid, descriptors, lse, scalars, constexprs) -> None:
+    """Launch a tma_host kernel, straight through its compiled launcher when it is known.
+
+    The first launch per key goes through Triton's JIT dispatch (compiling if needed) and
+    remembers the compiled kernel; later ones skip argument binding, specialisation and
+    cache-key building, which cost more host time than the GPU spends on short cells.
+    """
+    compiled = _fast.get(key)
+    if compiled is None or _launch_hooks_set() or _widest(scalars) > _I32_MAX:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        full = [TensorDescriptor(d.base, list(d.shape), list(d.strides), block) for d, block in descriptors]
+        compiled = module.attn_fwd[grid](*full, lse, *scalars, **constexprs)
+        if _widest(scalars) <= _I32_MAX and hasattr(compiled, "packed_metadata"):  # None under the interpreter
+            _fast[key] = compiled
+        return
+    from triton.runtime.driver import driver
+
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    compiled.run(
+        grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+        *(d for d, _ in descriptors), lse, *scalars,
+    )
 
 
 def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False):
@@ -78,47 +132,47 @@ def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=No
     params = effective_params(spec, params, q, k, v, out)
     module = load_module(spec, params)
     dp = spec.head_dim_padded
-    if params.loads == "tma_device" and q.device.type == "cuda":
-        ensure_allocator()
-    if params.loads == "tma_host":
-        args = (
-            _descriptor(q, params.block_m, dp),
-            _descriptor(k, params.block_n, dp),
-            _descriptor(v, params.block_n, dp),
-            _descriptor(out, params.block_m, dp),
-        )
-    else:
-        args = (q, k, v, out)
     # Unbounded (or larger-than-the-problem) window extents become a distance no row can
     # exceed; clamping also keeps the kernel's 32-bit bound arithmetic from overflowing.
     unbounded = problem.seqlen_q + problem.seqlen_k
     left = unbounded if problem.window_left < 0 else min(problem.window_left, unbounded)
     right = unbounded if problem.window_right < 0 else min(problem.window_right, unbounded)
+    # In the kernel's argument order: Hq, group, Nq, Nk, sm_scale, softcap, win_left, win_right.
+    scalars = (
+        problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k,
+        problem.sm_scale, problem.softcap, left, right,
+    )
     num_m = -(-problem.seqlen_q // params.block_m)
     grid = (num_m * problem.batch * problem.heads_q,)
-    kernel = module.attn_fwd.warmup if compile_only else module.attn_fwd[grid]
-    extra = {"grid": grid} if compile_only else {}
-    kernel(
-        *args,
-        lse,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *out.stride()[:3],
-        problem.heads_q,
-        problem.group,
-        problem.seqlen_q,
-        problem.seqlen_k,
-        problem.sm_scale,
-        problem.softcap,
-        left,
-        right,
+    constexprs = dict(
         HEAD_DIM=problem.head_dim,
         HEAD_DIM_PAD=dp,
         BLOCK_M=params.block_m,
         BLOCK_N=params.block_n,
         num_warps=params.num_warps,
         num_stages=params.num_stages,
-        **extra,
     )
+    if params.loads == "tma_host":
+        descriptors = [
+            (_HostDescriptor(q), [1, 1, params.block_m, dp]),
+            (_HostDescriptor(k), [1, 1, params.block_n, dp]),
+            (_HostDescriptor(v), [1, 1, params.block_n, dp]),
+            (_HostDescriptor(out), [1, 1, params.block_m, dp]),
+        ]
+        if not compile_only:
+            key = (spec, params, q.device.index, lse.data_ptr() % _ALIGN == 0)
+            _launch_tma_host(module, key, grid, descriptors, lse, scalars, constexprs)
+            return out, lse
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        args = [TensorDescriptor(d.base, list(d.shape), list(d.strides), block) for d, block in descriptors]
+        args.append(lse)
+    else:
+        if params.loads == "tma_device" and q.device.type == "cuda":
+            ensure_allocator()
+        args = [q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3]]
+    if compile_only:
+        module.attn_fwd.warmup(*args, *scalars, grid=grid, **constexprs)
+    else:
+        module.attn_fwd[grid](*args, *scalars, **constexprs)
     return out, lse
