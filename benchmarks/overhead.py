@@ -1,8 +1,13 @@
 """Where the time goes on short problems: host overhead versus kernel time.
 
-For a few small canonical cells, times fa2gen.attention() end to end, the launch
-without validation/dispatch, a CUDA-graph replay (pure GPU time) and the host cost
-of one call, then a handful of tile configs by graph replay. Prints a table.
+For the short canonical cells, times fa2gen.attention() end to end and as a CUDA-graph
+replay (pure GPU time), and the host cost of one call three ways: attention(),
+forward() (our launch path) and the same kernel launched through Triton's own JIT
+dispatch with TensorDescriptor arguments (what forward() did before it kept compiled
+kernels). Then a handful of tile configs, end to end and by graph replay, to choose the
+defaults of short cells. Writes JSON and prints a table.
+
+usage: python benchmarks/overhead.py OUT.json
 """
 
 from __future__ import annotations
@@ -16,17 +21,22 @@ import torch
 import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.bench.timing import measure
+from fa2gen.generator.cache import load_module
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
 
-CELLS = [(64, True, 512), (64, False, 1024), (64, True, 1024), (128, True, 512), (128, False, 512), (64, False, 4096)]
+CELLS = [
+    (64, False, 512), (64, True, 512), (128, False, 512), (128, True, 512),
+    (64, True, 1024), (128, False, 1024), (128, True, 1024), (128, True, 2048),
+]
 CONFIGS = [
-    TuningParams(64, 128, 4, 2, "tma_host"), TuningParams(128, 64, 4, 2, "tma_host"), TuningParams(128, 128, 8, 2, "tma_host"),
-    TuningParams(64, 64, 4, 2, "tma_host"), TuningParams(128, 64, 8, 3, "pointer"), TuningParams(64, 64, 4, 3, "pointer"),
-    TuningParams(128, 32, 4, 3, "tma_host"), TuningParams(64, 32, 4, 3, "tma_host"),
+    TuningParams(64, 128, 4, 2, "tma_host"), TuningParams(128, 64, 4, 2, "tma_host"),
+    TuningParams(64, 64, 4, 2, "tma_host"), TuningParams(64, 64, 4, 3, "tma_host"),
+    TuningParams(64, 32, 4, 3, "tma_host"), TuningParams(128, 32, 4, 3, "tma_host"),
+    TuningParams(64, 64, 4, 3, "pointer"),
 ]
 
 
@@ -50,6 +60,29 @@ def host_us(fn, n=300):
     return (t1 - t0) / n * 1e6
 
 
+def jit_launch(q, k, v, problem, params):
+    """The same tma_host kernel launched through Triton's JIT dispatch (binding,
+    specialisation and cache-key building on every call)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    spec = problem.kernel_spec()
+    module = load_module(spec, params)
+    dp = spec.head_dim_padded
+    out = torch.empty_like(q)
+    lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, dp])
+             for t, rows in ((q, params.block_m), (k, params.block_n), (v, params.block_n), (out, params.block_m))]
+    unbounded = problem.seqlen_q + problem.seqlen_k
+    left = unbounded if problem.window_left < 0 else problem.window_left
+    right = unbounded if problem.window_right < 0 else problem.window_right
+    grid = (-(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q,)
+    module.attn_fwd[grid](*descs, lse, problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k,
+                          problem.sm_scale, problem.softcap, left, right, HEAD_DIM=problem.head_dim,
+                          HEAD_DIM_PAD=dp, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
+                          num_warps=params.num_warps, num_stages=params.num_stages)
+    return out
+
+
 def main(out_path):
     rows = []
     for d, causal, n in CELLS:
@@ -58,31 +91,38 @@ def main(out_path):
         pr = make_problem(q, k, v, causal=causal)
         params = select_params(pr, cuda_device_info(torch.cuda.current_device()))
         tf = lambda ms: round(case.flops() / ms / 1e9, 1)
+        call = lambda: fa2gen.attention(q, k, v, causal=causal)
         row = {
             "cell": case.label(),
-            "e2e": tf(measure(lambda: fa2gen.attention(q, k, v, causal=causal)).median_ms),
-            "direct": tf(measure(lambda: forward(q, k, v, pr, params)).median_ms),
-            "graph": tf(graph_time(lambda: fa2gen.attention(q, k, v, causal=causal))),
-            "host_us_attention": round(host_us(lambda: fa2gen.attention(q, k, v, causal=causal)), 1),
+            "default": params.to_dict(),
+            "e2e": tf(measure(call).median_ms),
+            "graph": tf(graph_time(call)),
+            "host_us_attention": round(host_us(call), 1),
             "host_us_forward": round(host_us(lambda: forward(q, k, v, pr, params)), 1),
-            "host_us_forward_pointer": round(host_us(lambda: forward(q, k, v, pr, params.replace(loads="pointer"))), 1),
-            "host_us_forward_tma": round(host_us(lambda: forward(q, k, v, pr, params.replace(loads="tma_host"))), 1),
-            "configs": {},
+            "configs_e2e": {},
+            "configs_graph": {},
         }
+        if params.loads == "tma_host":
+            row["host_us_jit"] = round(host_us(lambda: jit_launch(q, k, v, pr, params)), 1)
+            row["e2e_jit"] = tf(measure(lambda: jit_launch(q, k, v, pr, params)).median_ms)
         for p in CONFIGS:
+            name = f"{p.loads[0]}m{p.block_m}n{p.block_n}w{p.num_warps}s{p.num_stages}"
             try:
-                row["configs"][f"{p.loads[0]}m{p.block_m}n{p.block_n}w{p.num_warps}s{p.num_stages}"] = tf(
-                    graph_time(lambda: forward(q, k, v, pr, p)))
-            except Exception as e:
-                row["configs"][str(p)] = str(e)[:80]
+                row["configs_e2e"][name] = tf(measure(lambda: forward(q, k, v, pr, p)).median_ms)
+                row["configs_graph"][name] = tf(graph_time(lambda: forward(q, k, v, pr, p)))
+            except Exception as e:  # a config that does not fit this cell is data too
+                row["configs_e2e"][name] = str(e)[:80]
         rows.append(row)
         print(json.dumps(row), flush=True)
     with open(out_path, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"{'cell':40s} e2e direct graph host_att host_fwd host_ptr host_tma")
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    print(f"{'cell':40s} {'e2e':>6} {'e2e_jit':>7} {'graph':>6} {'host_att':>8} {'host_fwd':>8} {'host_jit':>8}")
     for r in rows:
-        print(f"{r['cell']:40s} {r['e2e']:6} {r['direct']:6} {r['graph']:6} {r['host_us_attention']:6} "
-              f"{r['host_us_forward']:6} {r['host_us_forward_pointer']:6} {r['host_us_forward_tma']:6}")
+        print(f"{r['cell']:40s} {r['e2e']:6} {r.get('e2e_jit', '-'):7} {r['graph']:6} {r['host_us_attention']:8} "
+              f"{r['host_us_forward']:8} {r.get('host_us_jit', '-'):8}")
+    for r in rows:
+        best = sorted(((v, k) for k, v in r["configs_e2e"].items() if isinstance(v, float)), reverse=True)[:3]
+        print(f"{r['cell']:40s} best e2e: {best}")
 
 
 if __name__ == "__main__":

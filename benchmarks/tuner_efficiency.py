@@ -126,13 +126,13 @@ def main() -> None:
                 "table": {json.dumps(p.to_dict(), sort_keys=True): (m.median_ms if isinstance(m, Measurement) else m)
                           for p, m in table.items()},
             })
+            with open(args.out, "w") as f:  # after each bucket: a cut-off run keeps what it measured
+                json.dump(rows, f, indent=1)
             print(f"{key}: {len(ok)}/{space.size()} valid, exhaustive {wall:.0f}s, best {best:.4f} ms "
                   f"{best_p.to_dict()}; trials to 2%: {rows[-1]['trials_to_2pct']}", flush=True)
     finally:
         if hasattr(evaluator, "close"):
             evaluator.close()
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
     print(f"{'bucket':50s} valid  median trials (finished / measured) to within 2%")
     for r in rows:
         print(f"{r['bucket']:50s} {r['valid']:5d}  {r['median_trials']} / {r['median_measured']}")
