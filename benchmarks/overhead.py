@@ -2,9 +2,8 @@
 
 For the short canonical cells, times fa2gen.attention() end to end and as a CUDA-graph
 replay (pure GPU time), and the host cost of one call three ways: attention(),
-forward() (our launch path) and the same kernel launched through Triton's own JIT
-dispatch with TensorDescriptor arguments (what forward() did before it kept compiled
-kernels). Then a handful of tile configs, end to end and by graph replay, to choose the
+forward() (launch without validation and dispatch) and the bare Triton launch of the
+same kernel (``jit_launch``: Triton's dispatch and launcher only). Then a handful of tile configs, end to end and by graph replay, to choose the
 defaults of short cells. Writes JSON and prints a table.
 
 usage: python benchmarks/overhead.py OUT.json
@@ -61,8 +60,8 @@ def host_us(fn, n=300):
 
 
 def jit_launch(q, k, v, problem, params):
-    """The same tma_host kernel launched through Triton's JIT dispatch (binding,
-    specialisation and cache-key building on every call)."""
+    """The same tma_host kernel launched by hand through Triton: the floor that fa2gen's
+    per-call work sits on."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     spec = problem.kernel_spec()

@@ -78,6 +78,17 @@ def test_defaults_fit_every_arch_and_head_dim():
     assert default_params(KernelSpec(head_dim=128), "sm86", 4096).loads == "pointer"
 
 
+def test_sm90_short_causal_defaults_use_short_query_tiles():
+    # Measured on the H200 (docs/perf-notes.md v6): causal cells up to 1k (D=64) and
+    # 2k (D=128) tokens run faster with 64-row tiles; longer and unmasked ones do not.
+    for d, longest in ((64, 1024), (128, 2048)):
+        causal, full = KernelSpec(head_dim=d, mask="causal"), KernelSpec(head_dim=d)
+        assert default_params(causal, "sm90", longest).block_m == 64
+        assert default_params(causal, "sm90", 2 * longest) == default_params(full, "sm90", 2 * longest)
+    assert default_params(KernelSpec(head_dim=64, mask="causal"), "sm90", 2048).block_n == 128
+    assert default_params(KernelSpec(head_dim=128), "sm90", 512).block_m == 128
+
+
 H200 = DeviceInfo(name="NVIDIA_H200", capability=(9, 0), arch="sm90", sm_count=132)
 
 

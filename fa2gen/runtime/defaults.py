@@ -9,8 +9,9 @@ from __future__ import annotations
 from ..generator.arch import fits
 from ..generator.spec import KernelSpec, TuningParams, next_pow2
 
-# (head_dim_padded upper bound, params), first match wins. The sweep found the same
-# winners with and without the causal mask, so the mask does not enter the table.
+# (head_dim_padded upper bound, params), first match wins. At 4k tokens and more the
+# sweep found the same winners with and without the causal mask; short causal problems
+# have their own table below.
 _SM90 = [
     # Sweep of 28 variants per spec on the FA2 grid (benchmarks/results/sweep-fwd-h200-fp16.json):
     # D=64 prefers short, wide tiles (64x128); D=128 prefers 128x64 with two stages.
@@ -21,6 +22,17 @@ _SM90 = [
     # D=256 (benchmarks/results/loads-ab.json, B=4 H=8 N=4096): 128x64 with 8 warps ran 532/451
     # TFLOP/s (full/causal) against 416/356 for 64x64 with 4 warps.
     (256, TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host")),
+]
+
+# Causal problems with short queries: each query block sees few key blocks, so shorter
+# query tiles (more programs, less diagonal waste) win. Measured end to end on the
+# canonical fp16 cells (benchmarks/results/overhead.json; docs/perf-notes.md v6):
+# D=64: 64x64 s2 228 vs 212 TFLOP/s at N=512, 294 vs 289 at 1024 (64x128 wins above);
+# D=128: 64x64 s3 253 vs 234 at N=512, 340 vs 320 at 1024, 402 vs 378 at 2048
+# (128x64 wins at 4096). Keyed by (head_dim_padded bound, longest bucket query length).
+_SM90_SHORT_CAUSAL = [
+    (64, 1024, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")),
+    (128, 2048, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host")),
 ]
 
 _AMPERE = [
@@ -60,6 +72,11 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     else:
         table = _SM90 if arch == "sm90" else _AMPERE
         params = next(p for bound, p in table if spec.head_dim_padded <= bound)
+        if arch == "sm90" and spec.mask == "causal":
+            for bound, longest, short in _SM90_SHORT_CAUSAL:
+                if spec.head_dim_padded <= bound:  # the row of this head dim only
+                    params = short if seqlen_q <= longest else params
+                    break
     # Short query blocks (decoding, chunked prefill): don't compute 128 rows for a handful.
     if seqlen_q < params.block_m:
         params = params.replace(block_m=max(16, min(params.block_m, next_pow2(seqlen_q))))

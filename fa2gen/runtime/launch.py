@@ -53,66 +53,6 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
-class _HostDescriptor:
-    """The fields Triton's launcher reads from a host tensor descriptor.
-
-    ``TensorDescriptor`` re-checks alignment and shapes on construction; on the fast
-    path ``tma_compatible`` has already checked them for this call.
-    """
-
-    __slots__ = ("base", "shape", "strides", "padding")
-
-    def __init__(self, t: torch.Tensor):
-        self.base = t
-        self.shape = t.shape
-        self.strides = t.stride()
-        self.padding = "zero"
-
-
-_I32_MAX = 2**31 - 1
-
-# Compiled tma_host kernels keyed by (spec, params, device, whether lse is 16-byte
-# aligned). With host descriptors every other argument is either a descriptor (its type
-# fixed by dtype and block shape), an int Triton does not specialise, or an fp32 scalar,
-# so that key determines the kernel Triton's own dispatch would pick.
-_fast: dict[tuple, object] = {}
-
-
-def _widest(scalars) -> int:
-    return max(x for x in scalars if isinstance(x, int))
-
-
-def _launch_hooks_set() -> bool:
-    from triton import knobs
-
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
-
-
-def _launch_tma_host(module, key, grid, descriptors, lse, scalars, constexprs) -> None:
-    """Launch a tma_host kernel, straight through its compiled launcher when it is known.
-
-    The first launch per key goes through Triton's JIT dispatch (compiling if needed) and
-    remembers the compiled kernel; later ones skip argument binding, specialisation and
-    cache-key building, which cost more host time than the GPU spends on short cells.
-    """
-    compiled = _fast.get(key)
-    if compiled is None or _launch_hooks_set() or _widest(scalars) > _I32_MAX:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        full = [TensorDescriptor(d.base, list(d.shape), list(d.strides), block) for d, block in descriptors]
-        compiled = module.attn_fwd[grid](*full, lse, *scalars, **constexprs)
-        if _widest(scalars) <= _I32_MAX and hasattr(compiled, "packed_metadata"):  # None under the interpreter
-            _fast[key] = compiled
-        return
-    from triton.runtime.driver import driver
-
-    stream = driver.active.get_current_stream(driver.active.get_current_device())
-    compiled.run(
-        grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-        *(d for d, _ in descriptors), lse, *scalars,
-    )
-
-
 def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False):
     """Run the forward kernel for ``problem`` with ``params``; returns (out, lse fp32).
 
@@ -153,19 +93,10 @@ def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=No
         num_stages=params.num_stages,
     )
     if params.loads == "tma_host":
-        descriptors = [
-            (_HostDescriptor(q), [1, 1, params.block_m, dp]),
-            (_HostDescriptor(k), [1, 1, params.block_n, dp]),
-            (_HostDescriptor(v), [1, 1, params.block_n, dp]),
-            (_HostDescriptor(out), [1, 1, params.block_m, dp]),
-        ]
-        if not compile_only:
-            key = (spec, params, q.device.index, lse.data_ptr() % _ALIGN == 0)
-            _launch_tma_host(module, key, grid, descriptors, lse, scalars, constexprs)
-            return out, lse
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        args = [TensorDescriptor(d.base, list(d.shape), list(d.strides), block) for d, block in descriptors]
+        rows = (params.block_m, params.block_n, params.block_n, params.block_m)
+        args = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, dp]) for t, r in zip((q, k, v, out), rows)]
         args.append(lse)
     else:
         if params.loads == "tma_device" and q.device.type == "cuda":
