@@ -79,3 +79,43 @@ def test_mask_normalisation():
     p = make_problem(q, k, v, window_size=(4, -1))
     assert (p.mask, p.window_left, p.window_right) == ("local", 4, -1)
     assert make_problem(q, k, v, softcap=2).kernel_spec().softcap
+
+
+def test_call_key_only_for_exactly_typed_cuda_calls():
+    """attention() reuses the launch of an earlier identical call; anything validation
+    would treat differently must key differently, or not be keyed at all."""
+    from fa2gen.runtime.api import _call_key
+
+    meta = torch.empty(2, 4, 100, 64, dtype=torch.float16, device="meta")
+    cpu = torch.empty(2, 4, 100, 64, dtype=torch.float16)
+    assert _call_key(cpu, cpu, cpu, False, None, (-1, -1), 0.0) is None  # CPU paths are not keyed
+    assert _call_key(meta, meta, meta, False, None, (-1, -1), 0.0) is None
+    # Values equal to accepted ones but of a type validation rejects (or converts):
+    for kw in ({"causal": 1}, {"softcap": 0}, {"sm_scale": 1}, {"window_size": [-1, -1]},
+               {"window_size": (True, 0)}, {"window_size": (-1, -1, -1)}):
+        args = dict(causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0) | kw
+        assert _call_key(cpu, cpu, cpu, **args) is None, kw
+    assert _call_key("q", cpu, cpu, False, None, (-1, -1), 0.0) is None
+
+
+@pytest.mark.gpu
+def test_repeated_calls_reuse_one_launch_and_still_validate():
+    from fa2gen.runtime import dispatch
+    from fa2gen.runtime.api import _call_key
+
+    dispatch.clear_memo()
+    q = torch.randn(2, 4, 100, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(2, 2, 130, 64, dtype=torch.float16, device="cuda")
+    a = fa2gen.attention(q, k, k, causal=True)
+    assert len(dispatch._launches) == 1
+    b = fa2gen.attention(q.clone(), k.clone(), k.clone(), causal=True)
+    assert len(dispatch._launches) == 1 and torch.equal(a, b)
+    assert _call_key(q, k, k, True, None, (-1, -1), 0.0) != _call_key(q, k, k, False, None, (-1, -1), 0.0)
+    assert _call_key(q.transpose(1, 2).contiguous().transpose(1, 2), k, k, True, None, (-1, -1), 0.0) != \
+        _call_key(q, k, k, True, None, (-1, -1), 0.0)
+    with pytest.raises(TypeError, match="causal"):
+        fa2gen.attention(q, k, k, causal=1)
+    with pytest.raises(TypeError, match="window_size"):
+        fa2gen.attention(q, k, k, window_size=(True, 0))
+    dispatch.clear_memo()
+    assert not dispatch._launches

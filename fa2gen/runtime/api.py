@@ -8,8 +8,8 @@ import torch
 
 from ..generator.cache import interpreting
 from .device import cuda_device_info
-from .dispatch import select_params
-from .launch import forward
+from .dispatch import cached_launch, remember_launch, select_params
+from .launch import Launch, forward
 from .problem import make_problem
 from .reference import attention_reference
 
@@ -39,18 +39,26 @@ def attention(
 
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
-    problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap)
+    launch = None if key is None else cached_launch(key)
+    if launch is None:
+        problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
+    else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
+        problem = launch.problem
     if q.device.type == "cuda":
         index = q.device.index
         current = torch.cuda.current_device()
-        params = select_params(problem, cuda_device_info(current if index is None else index))
+        if launch is None:
+            launch = Launch(problem, select_params(problem, cuda_device_info(current if index is None else index)))
+            if key is not None:
+                remember_launch(key, launch)
         if index is None or index == current:
-            out, lse = forward(q, k, v, problem, params)
+            out, lse = forward(q, k, v, problem, launch.params, launch=launch)
         else:  # Triton launches on the current device
             with torch.cuda.device(index):
-                out, lse = forward(q, k, v, problem, params)
+                out, lse = forward(q, k, v, problem, launch.params, launch=launch)
     elif interpreting():
         out, lse = forward(q, k, v, problem, select_params(problem, None))
     else:
@@ -65,3 +73,34 @@ def attention(
             )
         out, lse = attention_reference(q, k, v, problem)
     return (out, lse) if return_lse else out
+
+
+def _call_key(q, k, v, causal, sm_scale, window_size, softcap) -> tuple | None:
+    """What makes two CUDA calls launch the same kernel the same way, or None when the
+    call cannot be keyed cheaply (then it is validated and dispatched in full).
+
+    Option types are part of the key: validation rejects ``causal=1`` or
+    ``window_size=(True, 0)``, which compare equal to accepted values.
+    """
+    if (
+        causal.__class__ is not bool
+        or softcap.__class__ is not float
+        or (sm_scale is not None and sm_scale.__class__ is not float)
+        or window_size.__class__ is not tuple
+        or len(window_size) != 2
+        or window_size[0].__class__ is not int
+        or window_size[1].__class__ is not int
+    ):
+        return None
+    try:
+        device = q.device
+        if device.type != "cuda":
+            return None
+        return (
+            q.shape, q.stride(), q.dtype, device,
+            k.shape, k.stride(), k.dtype, k.device,
+            v.shape, v.stride(), v.dtype, v.device,
+            causal, sm_scale, window_size, softcap,
+        )
+    except (AttributeError, TypeError):  # not tensors: full validation says what is wrong
+        return None

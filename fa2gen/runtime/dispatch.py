@@ -17,6 +17,22 @@ from .problem import Problem
 _memo: dict[tuple, Choice] = {}
 _lock = threading.Lock()
 
+# attention()'s launches, keyed by everything about a call except the tensors' addresses
+# (see api._call_key). Bounded: a workload with ever new shapes starts over.
+_launches: dict[tuple, object] = {}
+_LAUNCHES_MAX = 4096
+
+
+def cached_launch(key: tuple):
+    return _launches.get(key)
+
+
+def remember_launch(key: tuple, launch) -> None:
+    with _lock:
+        if len(_launches) >= _LAUNCHES_MAX:
+            _launches.clear()
+        _launches[key] = launch
+
 
 def explain(problem: Problem, device: DeviceInfo | None) -> Choice:
     """The params for ``problem`` on ``device`` (None: CPU interpreter) and where they came from."""
@@ -37,4 +53,5 @@ def clear_memo() -> None:
     """Forget every memoised choice and cached DB reader (after tuning, importing configs, or in tests)."""
     with _lock:
         _memo.clear()
+        _launches.clear()
     close_readers()

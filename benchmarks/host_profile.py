@@ -1,0 +1,96 @@
+"""Host time of one fa2gen.attention() call, piece by piece, on the local GPU.
+
+Times each step of a call in isolation (validation, dispatch, output allocation,
+descriptor construction, Triton's launch) and profiles a run of whole calls with
+cProfile, so that per-call host work can be cut where it is largest. Short causal cells
+are host-bound when a call costs more host time than the kernel takes on the GPU.
+
+The problem is tiny (B=1, H=2, N=512, D=128, causal: a few microseconds on the GPU) so
+that the GPU never holds the host back: with a real cell, launches queue up behind the
+kernels and the loop measures GPU time instead.
+
+usage: python benchmarks/host_profile.py OUT.json
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+
+import torch
+
+import fa2gen
+from fa2gen.bench.grid import Case, make_inputs
+from fa2gen.generator.cache import load_module
+from fa2gen.runtime.device import cuda_device_info
+from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.launch import effective_params, forward
+from fa2gen.runtime.problem import make_problem
+
+
+def per_call_us(fn, n=2000):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return round(dt / n * 1e6, 2)
+
+
+def main(out_path):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    case = Case(1, 2, 512, 128, True, "fp16")
+    q, k, v = make_inputs(case, torch.device("cuda"))
+    pr = make_problem(q, k, v, causal=True)
+    dev = cuda_device_info(torch.cuda.current_device())
+    params = select_params(pr, dev)
+    spec = pr.kernel_spec()
+    module = load_module(spec, params)
+    out = torch.empty_like(q)
+    lse = torch.empty((1, 2, 512), device="cuda", dtype=torch.float32)
+    dp = spec.head_dim_padded
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, dp])
+             for t, r in ((q, params.block_m), (k, params.block_n), (v, params.block_n), (out, params.block_m))]
+    grid = (-(-512 // params.block_m) * 2,)
+    launch = lambda: module.attn_fwd[grid](*descs, lse, 2, 1, 512, 512, pr.sm_scale, 0.0, 1024, 0, HEAD_DIM=128,
+                                           HEAD_DIM_PAD=dp, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
+                                           num_warps=params.num_warps, num_stages=params.num_stages)
+    pieces = {
+        "attention()": lambda: fa2gen.attention(q, k, v, causal=True),
+        "forward()": lambda: forward(q, k, v, pr, params),
+        "make_problem": lambda: make_problem(q, k, v, causal=True),
+        "select_params (incl. device info)": lambda: select_params(pr, cuda_device_info(torch.cuda.current_device())),
+        "effective_params": lambda: effective_params(spec, params, q, k, v, out),
+        "empty_like + lse empty": lambda: (torch.empty_like(q), torch.empty((1, 2, 512), device="cuda")),
+        "4 TensorDescriptors": lambda: [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, dp]) for t in (q, k, v, out)],
+        "Triton launch, prebuilt descriptors": launch,
+        "empty CUDA op (torch.zeros_like(1 elem))": lambda: torch.zeros(1, device="cuda"),
+    }
+    pieces["attention() again, last"] = pieces["attention()"]
+    result = {"device": torch.cuda.get_device_name(), "cell": case.label(), "params": params.to_dict(),
+              "per_call_us": {name: per_call_us(fn) for name, fn in pieces.items()}}
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(2000):
+        fa2gen.attention(q, k, v, causal=True)
+    prof.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+    result["profile_tottime"] = s.getvalue()
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+    for name, us in result["per_call_us"].items():
+        print(f"{name:45s} {us:8.2f} us")
+    print(result["profile_tottime"][:6000])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
