@@ -15,17 +15,19 @@ from fa2gen.bench.runner import geomean
 ANCHORS = Path(__file__).parent / "anchors" / "h200-fwd-fp16.json"
 
 
-def anchor_section(results) -> str:
-    """fa2gen against the Triton tutorial's reference figures, raw and cuDNN-bridged."""
+def anchor_section(results, provider: str) -> str:
+    """``provider`` against the Triton tutorial's reference figures, raw and cuDNN-bridged."""
     anchors = json.loads(ANCHORS.read_text())
-    lines = ["| cell | fa2gen | tutorial | fa2gen / tutorial | cuDNN here / cuDNN there |", "|---|---|---|---|---|"]
+    lines = [f"| cell | {provider} | tutorial | {provider} / tutorial | cuDNN here / cuDNN there |",
+             "|---|---|---|---|---|"]
     raw, bridged = [], []
     for r in results:
         cell = anchors["cells"].get(f"{r.case.head_dim}-{'causal' if r.case.causal else 'full'}")
-        if r.case.dtype != "fp16" or cell is None or r.case.seqlen not in anchors["seqlens"]:
+        if (r.case.dtype != "fp16" or cell is None or r.case.seqlen not in anchors["seqlens"]
+                or provider not in r.tflops):
             continue
         i = anchors["seqlens"].index(r.case.seqlen)
-        mine, tut = r.tflops["fa2gen"], cell["triton-tutorial"][i]
+        mine, tut = r.tflops[provider], cell["triton-tutorial"][i]
         drift = r.tflops["sdpa-cudnn"] / cell["sdpa-cudnn"][i]
         raw.append(mine / tut)
         bridged.append(mine / (tut * drift))
@@ -33,8 +35,39 @@ def anchor_section(results) -> str:
     if not raw:
         return ""
     lines.append("")
-    lines.append(f"Geomean fa2gen / tutorial figures: **{geomean(raw):.3f}**; with each tutorial figure scaled by "
+    lines.append(f"Geomean {provider} / tutorial figures: **{geomean(raw):.3f}**; with each tutorial figure scaled by "
                  f"how fast cuDNN ran here relative to the reference run: **{geomean(bridged):.3f}**.")
+    return "\n".join(lines)
+
+
+SHIPPED = Path(__file__).parent.parent / "tuned_configs" / "sm90" / "NVIDIA_H200.yaml"
+
+
+def _params(p) -> str:
+    return f"m{p.block_m} n{p.block_n} w{p.num_warps} s{p.num_stages} {p.loads}"
+
+
+def tuned_section(path: Path) -> str:
+    """What the shipped tuned configs gained over the defaults, as the tuner measured it
+    (each bucket's best config and its default timed in the same study)."""
+    from fa2gen.store.yamlfile import read
+
+    cfg = read(path)
+    square = [e for e in cfg.entries if e.bucket.seqlen_q == e.bucket.seqlen_k]
+    short = [e for e in cfg.entries if e.bucket.seqlen_q != e.bucket.seqlen_k]
+    lines = [f"`{path.relative_to(Path.cwd())}`: {len(cfg.entries)} buckets, device {cfg.meta['device']}, "
+             f"triton {cfg.meta['triton']}, torch {cfg.meta['torch']}, {cfg.meta['date'][:10]}. "
+             "Speedup = the default config's median time over the tuned config's, both measured in the bucket's study "
+             "(representative problem, do_bench median, L2 flushed).\n"]
+    for name, group in (("canonical square buckets (N = 512 ... 16k)", square),
+                        ("short-query buckets (Nq = 1 ... 256, Nk = 8192)", short)):
+        ups = [e.speedup for e in group if e.speedup]
+        if ups:
+            lines.append(f"- {name}: {len(group)} buckets, geomean speedup over the default **{geomean(ups):.3f}**, "
+                         f"{sum(u > 1.02 for u in ups)} above 1.02, best {max(ups):.2f}")
+    lines += ["", "| bucket | tuned config | TFLOP/s | vs default |", "|---|---|---|---|"]
+    for e in sorted(short, key=lambda e: (e.bucket.dtype, e.bucket.head_dim, e.bucket.mask, e.bucket.seqlen_q)):
+        lines.append(f"| {e.bucket.key} | {_params(e.params)} | {e.measurement.tflops:.0f} | {e.speedup:.2f} |")
     return "\n".join(lines)
 
 
@@ -44,8 +77,10 @@ def main(paths: list[str]) -> None:
           "`fa2gen bench --json`). TFLOP/s are medians of `triton.testing.do_bench` (warm, L2 flushed) on fresh "
           "random normal inputs; forward FLOPs = 4·B·H·N²·D, halved when causal. Columns `xNAME` are fa2gen's "
           "TFLOP/s over NAME's in the same run: cuDNN = SDPA CUDNN_ATTENTION, FA2 = SDPA FLASH_ATTENTION, "
-          "mem-eff = SDPA EFFICIENT_ATTENTION, Flex = compiled FlexAttention. fa2gen runs its heuristic default "
-          "configs (no tuning). Grid: B·N = 16k tokens, H = 2048 / D.\n")
+          "mem-eff = SDPA EFFICIENT_ATTENTION, Flex = compiled FlexAttention, default = fa2gen with its heuristic "
+          "default configs (no tuned lookup). `fa2gen` is `fa2gen.attention()` as users call it: the shipped tuned "
+          "configs (`tuned_configs/`) where they apply. Grid: B·N = 16k tokens, H = 2048 / D. "
+          "docs/perf-notes.md says which version of the code each run measured.\n")
     for path in paths:
         env, providers, results = read_json(path)
         dtypes = sorted({r.case.dtype for r in results})
@@ -53,21 +88,31 @@ def main(paths: list[str]) -> None:
         print(f"torch {env['torch']}, triton {env['triton']}, fa2gen {env['fa2gen']}. Source: `{path}`.\n")
         print(markdown(results, providers))
         print()
-        for other in providers:
-            both = [r for r in results if "fa2gen" in r.tflops and other in r.tflops and other != "fa2gen"]
-            if both:
-                wins = sum(r.tflops["fa2gen"] >= r.tflops[other] for r in both)
-                print(f"- fa2gen at or above {other} on {wins} of {len(both)} cells")
+        for mine in ("fa2gen", "fa2gen-default"):
+            for other in providers:
+                both = [r for r in results if mine in r.tflops and other in r.tflops and other != mine]
+                if both:
+                    wins = sum(r.tflops[mine] >= r.tflops[other] for r in both)
+                    ratio = geomean([r.tflops[mine] / r.tflops[other] for r in both])
+                    print(f"- {mine} / {other}: geomean {ratio:.3f}, at or above on {wins} of {len(both)} cells")
         png = Path(path).with_suffix(".png")
         if png.exists():
             print(f"\n![TFLOP/s against sequence length](../{png})")
         print()
-        section = anchor_section(results)
-        if section:
-            print(f"### Against the Triton tutorial's reference figures (`{ANCHORS.relative_to(Path.cwd())}`)\n")
-            print(json.loads(ANCHORS.read_text())["about"] + "\n")
-            print(section)
-            print()
+        for provider in ("fa2gen-default", "fa2gen"):
+            section = anchor_section(results, provider)
+            if section:
+                print(f"### {provider} against the Triton tutorial's reference figures "
+                      f"(`{ANCHORS.relative_to(Path.cwd())}`)\n")
+                print(json.loads(ANCHORS.read_text())["about"] + "\n")
+                print(section)
+                print()
+
+
+    if SHIPPED.exists():
+        print("## Shipped tuned configs against the defaults (tuner's own measurements)\n")
+        print(tuned_section(SHIPPED))
+        print()
 
 
 if __name__ == "__main__":
