@@ -19,7 +19,6 @@ import io
 import json
 import pstats
 import sys
-import time
 
 import torch
 
@@ -30,17 +29,7 @@ from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import effective_params, forward
 from fa2gen.runtime.problem import make_problem
-
-
-def per_call_us(fn, n=2000):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return round(dt / n * 1e6, 2)
+from overhead import host_us  # the same loop as overhead.py (this folder is on sys.path when run)
 
 
 def main(out_path):
@@ -75,7 +64,7 @@ def main(out_path):
     }
     pieces["attention() again, last"] = pieces["attention()"]
     result = {"device": torch.cuda.get_device_name(), "cell": case.label(), "params": params.to_dict(),
-              "per_call_us": {name: per_call_us(fn) for name, fn in pieces.items()}}
+              "per_call_us": {name: round(host_us(fn, n=2000), 2) for name, fn in pieces.items()}}
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(2000):
