@@ -75,6 +75,9 @@ def test_defaults_fit_every_arch_and_head_dim():
                 params = default_params(spec, arch, n)
                 assert fits(spec, params, arch) is None, (arch, d, params)
                 assert params.block_m <= max(16, 1 << (n - 1).bit_length())
+            bwd = KernelSpec(direction="bwd", head_dim=d)
+            params = default_params(bwd, arch, 4096)
+            assert fits(bwd, params, arch) is None and params.loads == "pointer", (arch, d, params)
     assert default_params(KernelSpec(head_dim=128), "sm86", 4096).loads == "pointer"
 
 
@@ -97,7 +100,7 @@ def test_dispatch_memoises_per_bucket(monkeypatch):
 
     clear_memo()
     calls = []
-    monkeypatch.setattr(dispatch, "choose", lambda p, d: calls.append(p) or lookup.choose(p, d))
+    monkeypatch.setattr(dispatch, "choose", lambda p, d, direction: calls.append(p) or lookup.choose(p, d, direction))
     q, k, v = rand_qkv(1, 2, 2, 300, 300, 64)
     p1 = select_params(make_problem(q, k, v), H200)
     q2, k2, v2 = rand_qkv(1, 2, 2, 400, 500, 64)  # same bucket: q512 k512

@@ -125,3 +125,85 @@ def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
     assert r.measurement.tflops > 50 and r.measurement.max_error < 1e-2
     [stored] = list(db.entries(bucket=bucket.key))
     assert stored.params == r.best
+
+
+def _grad_check(shape, dtype=torch.float16, layout="bhnd", dout_transposed=False, **kw):
+    from fa2gen.bench.correctness import check_backward
+
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fa2gen.attention(q, k, v, **kw)
+    B, Hq, Nq, D = q.shape
+    g = torch.Generator(device="cuda").manual_seed(1)
+    if dout_transposed:  # a grad_output whose last dim is not contiguous
+        dout = torch.randn(B, Hq, D, Nq, device="cuda", generator=g).to(dtype).transpose(-1, -2)
+    else:
+        dout = torch.randn(B, Hq, Nq, D, device="cuda", generator=g).to(dtype)
+    out.backward(dout)
+    problem = make_problem(q, k, v, **kw)
+    return check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 80, 128, 256])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}], ids=["full", "causal"])
+def test_backward_real_sizes(dtype, D, kw):
+    verdict = _grad_check((2, 4, 2, 1500 + 37, 1500 + 37, D), dtype=dtype, **kw)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((2, 8, 2, 1000, 3001, 128), {"causal": True}),
+        ((2, 8, 1, 3001, 1000, 64), {"causal": True}),
+        ((1, 6, 3, 2500, 2500, 96), {"window_size": (256, 17)}),
+        ((1, 4, 4, 1777, 1777, 128), {"softcap": 30.0}),
+        ((1, 4, 4, 513, 513, 160), {"causal": True, "window_size": (100, -1), "softcap": 10.0}),
+    ],
+    ids=["gqa-causal-nk>nq", "mqa-causal-nq>nk", "window", "softcap", "d160-all"],
+)
+def test_backward_features(shape, kw):
+    verdict = _grad_check(shape, layout="bnhd", dout_transposed=True, **kw)
+    assert verdict.ok, str(verdict)
+
+
+def test_backward_long_sequence():
+    verdict = _grad_check((1, 2, 2, 8192, 8192, 128), causal=True)
+    assert verdict.ok, str(verdict)
+
+
+def test_backward_against_fp64_reference():
+    """Small case against autograd through the reference in float64: each gradient within
+    twice the error PyTorch makes computing the same thing in fp16 (plus atol)."""
+    from fa2gen.runtime.reference import attention_reference
+
+    q, k, v = rand_qkv(1, 4, 2, 67, 91, 64, device="cuda", seed=3)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fa2gen.attention(*leaves, causal=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    problem = make_problem(q, k, v, causal=True)
+
+    def grads(dtype, compute):
+        xs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        o, _ = attention_reference(*xs, problem, compute_dtype=compute)
+        o.backward(dout.to(o.dtype))
+        return [x.grad.double() for x in xs]
+
+    exact = grads(torch.float64, torch.float64)
+    fp16 = grads(torch.float16, torch.float16)
+    for mine, ref, base in zip((t.grad for t in leaves), exact, fp16):
+        err = (mine.double() - ref).abs().max().item()
+        assert err <= 2 * (base - ref).abs().max().item() + 1e-4, err
+
+
+def test_backward_is_deterministic_on_gpu():
+    q, k, v = rand_qkv(2, 8, 2, 2000, 2000, 128, device="cuda", seed=5)
+    grads = []
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        fa2gen.attention(*leaves, causal=True, deterministic=True).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

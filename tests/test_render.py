@@ -75,3 +75,29 @@ def test_template_header_lists_knobs():
 def test_render_rejects_unvalidated_input():
     with pytest.raises(TypeError):
         render({"head_dim": 64}, TuningParams(), name="x")
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_backward_points_render_and_parse(mask):
+    from fa2gen.generator.spec import SpecError
+
+    for d, softcap in ((64, False), (80, True)):
+        spec = KernelSpec(direction="bwd", head_dim=d, mask=mask, softcap=softcap)
+        points = param_space(spec)
+        assert points and {p.loads for p in points} == {"pointer"}
+        bodies = set()
+        for params in points:
+            src = render(spec, params, name=Variant(spec, params).name)
+            bodies.add(src.split("\nLOG2E", 1)[1])
+        assert len(bodies) == 1  # tiles, warps and stages are constexpr/launch values
+        tree = ast.parse(src)
+        kernels = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= kernels
+        with pytest.raises(SpecError, match="pointer loads only"):
+            render(spec, TuningParams(loads="tma_host"), name="x")
+
+
+def test_backward_template_header_lists_knobs():
+    head = template_source("bwd").split("import triton")[0]
+    for knob in ("mask", "softcap", "pad_head", "OUTER", "INNER", "num_warps", "num_stages"):
+        assert knob in head

@@ -23,9 +23,11 @@ def entry(ms=1.0, params=TuningParams(128, 64, 4, 2, "tma_host"), bucket=B, vali
 def test_bucket_keys_round_trip_and_reject_garbage():
     assert Bucket.parse(B.key) == B
     for bad in ("fwd/fp16/d64", "fwd/fp16/d64/none/sc0/g3/q64/k64/bh64", "fwd/fp16/d64/none/sc0/g1/q64/k64/bh64;x",
-                "bwd/fp16/d64/none/sc0/g1/q64/k64/bh64", 42):
+                "rev/fp16/d64/none/sc0/g1/q64/k64/bh64", 42):
         with pytest.raises(ValueError):
             Bucket.parse(bad)
+    backward = "bwd/bf16/d128/causal/sc0/g4/q2048/k2048/bh64"
+    assert Bucket.parse(backward).key == backward and Bucket.parse(backward).kernel_spec().direction == "bwd"
 
 
 def test_db_round_trip_keeps_the_faster_entry(tmp_path):

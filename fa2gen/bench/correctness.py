@@ -69,3 +69,49 @@ def check_forward(q, k, v, problem: Problem, out, lse=None, *, atol: float = ATO
     if lse is not None and not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
         reasons.append("lse -inf pattern differs from the reference")
     return Verdict(not reasons, out_err, out_base, lse_err, lse_base, "; ".join(reasons))
+
+
+@dataclass(frozen=True)
+class GradVerdict:
+    ok: bool
+    errors: dict  # name -> (max |kernel - fp32 reference|, max |PyTorch in dtype - fp32 reference|)
+    reason: str = ""
+
+    def __str__(self) -> str:
+        status = "ok" if self.ok else f"FAIL ({self.reason})"
+        parts = ", ".join(f"{n} err {e:.2e} (base {b:.2e})" for n, (e, b) in self.errors.items())
+        return f"{status}: {parts}"
+
+
+def _reference_grads(q, k, v, dout, problem: Problem, compute_dtype):
+    leaves = [t.detach().to(compute_dtype if compute_dtype == torch.float32 else t.dtype).requires_grad_()
+              for t in (q, k, v)]
+    out, _ = attention_reference(*leaves, problem, compute_dtype=compute_dtype)
+    out.backward(dout.to(out.dtype))
+    return [t.grad for t in leaves]
+
+
+def check_backward(q, k, v, problem: Problem, dout, dq, dk, dv, *, atol: float = ATOL,
+                   heads_per_chunk: int = 8) -> GradVerdict:
+    """Judge gradients by flash-attention's rule (each of dq, dk, dv against an fp32
+    reference, allowed twice PyTorch's own error in the inputs' dtype plus atol); NaN fails."""
+    g = problem.group
+    step = max(g, (heads_per_chunk // g) * g)
+    refs, bases = [[], [], []], [[], [], []]
+    for h0 in range(0, problem.heads_q, step):
+        h1 = min(problem.heads_q, h0 + step)
+        sub = Problem(**{**problem.__dict__, "heads_q": h1 - h0, "heads_kv": (h1 - h0) // g})
+        args = (q[:, h0:h1], k[:, h0 // g: h1 // g], v[:, h0 // g: h1 // g], dout[:, h0:h1], sub)
+        for acc, grads in ((refs, _reference_grads(*args, torch.float32)), (bases, _reference_grads(*args, q.dtype))):
+            for i, grad in enumerate(grads):
+                acc[i].append(grad)
+    errors, reasons = {}, []
+    for name, got, ref, base in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, bases):
+        ref, base = torch.cat(ref, 1), torch.cat(base, 1)
+        err, base_err = _max_abs_diff(got, ref), _max_abs_diff(base, ref)
+        errors[name] = (err, base_err)
+        if torch.isnan(got).any():
+            reasons.append(f"NaN in {name}")
+        elif err > 2 * base_err + atol:
+            reasons.append(f"{name} error over 2x PyTorch's + atol")
+    return GradVerdict(not reasons, errors, "; ".join(reasons))

@@ -36,14 +36,20 @@ def arch_from_capability(major: int, minor: int) -> str:
 
 
 def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
-    """Shared memory a forward variant needs, in bytes (an estimate for pruning).
+    """Shared memory a variant needs, in bytes (an estimate for pruning).
 
-    Q stays resident; K and V are buffered ``num_stages`` deep; on the pointer
+    Forward: Q stays resident; K and V are buffered ``num_stages`` deep; on the pointer
     path the probability tile P is staged through shared memory for the second dot.
+    Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
+    dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles.
     """
     elt = 2
     dp = spec.head_dim_padded
     stages = max(1, params.num_stages)
+    if spec.direction == "bwd":
+        resident = 2 * params.block_m * dp * elt
+        streamed = 2 * stages * params.block_n * dp * elt
+        return resident + streamed + 2 * params.block_m * params.block_n * elt
     q = params.block_m * dp * elt
     kv = 2 * stages * params.block_n * dp * elt
     p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0

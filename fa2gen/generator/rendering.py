@@ -8,10 +8,10 @@ from importlib import resources
 
 import jinja2
 
-from .spec import KernelSpec, TuningParams
+from .spec import KernelSpec, SpecError, TuningParams, unsupported
 
-# One template per direction; the backward pass adds its own.
-TEMPLATES = {"fwd": "attn_fwd.py.jinja"}
+# One template per direction.
+TEMPLATES = {"fwd": "attn_fwd.py.jinja", "bwd": "attn_bwd.py.jinja"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,6 +41,9 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
     """Triton module source for one variant. Inputs are validated dataclasses."""
     if not isinstance(spec, KernelSpec) or not isinstance(params, TuningParams):
         raise TypeError("render() takes a KernelSpec and a TuningParams")
+    why = unsupported(spec, params)
+    if why:
+        raise SpecError(why)
     template = _environment().get_template(TEMPLATES[spec.direction])
     return template.render(
         name=name,

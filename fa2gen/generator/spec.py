@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-DIRECTIONS = ("fwd",)
+DIRECTIONS = ("fwd", "bwd")
 DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
 LOADS = ("pointer", "tma_device", "tma_host")
@@ -43,7 +43,7 @@ def next_pow2(n: int) -> int:
 class KernelSpec:
     """The function a generated kernel computes.
 
-    direction: "fwd" (the backward pass adds its own directions).
+    direction: "fwd", or "bwd" (the three backward kernels: delta, dK/dV, dQ).
     dtype: element type of q/k/v/o.
     head_dim: D, any multiple of 8 in [16, 256]; padded to a power of two inside.
     mask: "none", "causal" (bottom-right aligned) or "local" (sliding window whose
@@ -79,6 +79,10 @@ class KernelSpec:
 @dataclass(frozen=True)
 class TuningParams:
     """How a kernel is tiled and scheduled; any valid point computes the same result.
+
+    Forward: block_m query rows per program, block_n key rows per loop step. Backward:
+    block_m rows a program owns (keys in the dK/dV kernel, queries in the dQ kernel),
+    block_n rows its loop steps through.
 
     loads: "pointer" (masked pointer loads, any arch, any alignment), or tensor
         descriptors (sm90+, 16-byte aligned bases and strides) built in the kernel
@@ -120,11 +124,17 @@ def _from_dict(cls, data: Mapping[str, Any]):
     return cls(**dict(data))
 
 
+def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
+    """Why ``params`` cannot render for ``spec`` at all (on any arch), or None."""
+    if spec.direction == "bwd" and params.loads != "pointer":
+        return f"the backward template has pointer loads only, not {params.loads}"
+    return None
+
+
 def param_space(spec: KernelSpec) -> list[TuningParams]:
     """Every TuningParams point that renders for ``spec``. Which of them suit an arch is
     the tuner's business (``fa2gen.tuner.space``)."""
-    del spec  # every point is structurally valid for every spec today
-    return [
+    points = [
         TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld)
         for bm in BLOCK_SIZES
         for bn in BLOCK_SIZES
@@ -132,3 +142,4 @@ def param_space(spec: KernelSpec) -> list[TuningParams]:
         for s in NUM_STAGES
         for ld in LOADS
     ]
+    return [p for p in points if unsupported(spec, p) is None]

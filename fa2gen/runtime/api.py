@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 
 from ..generator.cache import interpreting
+from .autograd import AttentionFunction
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
 from .launch import Launch, forward
@@ -26,6 +28,7 @@ def attention(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     return_lse: bool = False,
+    deterministic: bool = False,
 ):
     """Exact softmax attention, FlashAttention-2 style, with a tuned generated kernel.
 
@@ -35,12 +38,21 @@ def attention(
     sm_scale: score scale, default 1/sqrt(D).
     window_size: (left, right) sliding window as in flash-attention; -1 = unbounded.
     softcap: if > 0, scores become softcap * tanh(scores / softcap).
-    return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Nq) fp32.
+    return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Nq) fp32 (not
+        differentiable).
+    deterministic: require bit-identical gradients across runs. The backward kernels use no
+        atomics today, so gradients are deterministic either way; the flag keeps that
+        guarantee when faster non-deterministic variants exist.
+
+    Differentiable in q, k and v (generated backward kernels; the forward keeps only O and
+    the log-sum-exp).
 
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     key = _call_key(q, k, v, causal, sm_scale, window_size, softcap)
     launch = None if key is None else cached_launch(key)
     if launch is None:
@@ -55,12 +67,13 @@ def attention(
             if key is not None:
                 remember_launch(key, launch)
         if index is None or index == current:
-            out, lse = forward(q, k, v, problem, launch.params, launch=launch)
+            run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch)
         else:  # Triton launches on the current device
-            with torch.cuda.device(index):
-                out, lse = forward(q, k, v, problem, launch.params, launch=launch)
+            run = functools.partial(_on_device, index, forward, q, k, v, problem, launch.params, launch=launch)
+        out, lse = _differentiable(q, k, v, problem, run)
     elif interpreting():
-        out, lse = forward(q, k, v, problem, select_params(problem, None))
+        run = functools.partial(forward, q, k, v, problem, select_params(problem, None))
+        out, lse = _differentiable(q, k, v, problem, run)
     else:
         global _warned_cpu
         if not _warned_cpu:
@@ -73,6 +86,18 @@ def attention(
             )
         out, lse = attention_reference(q, k, v, problem)
     return (out, lse) if return_lse else out
+
+
+def _differentiable(q, k, v, problem, run):
+    """Run the forward (``run()``), through autograd when a gradient is wanted."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return AttentionFunction.apply(q, k, v, problem, run)
+    return run()
+
+
+def _on_device(index, fn, *args, **kwargs):
+    with torch.cuda.device(index):
+        return fn(*args, **kwargs)
 
 
 def _call_key(q, k, v, causal, sm_scale, window_size, softcap) -> tuple | None:

@@ -41,8 +41,15 @@ _AMPERE = [
     (256, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
 ]
 
+# Backward (block_m: rows a program owns, block_n: rows its loop steps through). A big
+# owned tile and a short step, as FlashAttention-2's backward uses; not yet chosen by
+# measurement (pointer loads only; shrunk to fit each arch).
+_BWD_SM90 = TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=3)
+_BWD_AMPERE = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)
+
 # Under Triton's interpreter the cost is per program and per block op, not per FLOP.
 _INTERPRETER = TuningParams(block_m=32, block_n=32, num_warps=4, num_stages=1)
+_BWD_INTERPRETER = TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1)
 
 
 def shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningParams:
@@ -67,6 +74,10 @@ def bucket_default(bucket, arch: str) -> TuningParams:
 
 def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     """The heuristic default for ``spec`` on ``arch`` ("cpu" means the interpreter)."""
+    if spec.direction == "bwd":
+        if arch == "cpu":
+            return _BWD_INTERPRETER
+        return shrink_to_fit(spec, _BWD_SM90 if arch == "sm90" else _BWD_AMPERE, arch)
     if arch == "cpu":
         params = _INTERPRETER
     else:

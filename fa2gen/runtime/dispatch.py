@@ -34,19 +34,20 @@ def remember_launch(key: tuple, launch) -> None:
         _launches[key] = launch
 
 
-def explain(problem: Problem, device: DeviceInfo | None) -> Choice:
-    """The params for ``problem`` on ``device`` (None: CPU interpreter) and where they came from."""
-    key = (device, bucket_fields(problem))
+def explain(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") -> Choice:
+    """The params for ``problem``'s ``direction`` on ``device`` (None: CPU interpreter) and
+    where they came from."""
+    key = (device, bucket_fields(problem, direction))
     choice = _memo.get(key)
     if choice is None:
-        found = choose(problem, device)
+        found = choose(problem, device, direction)
         with _lock:
             choice = _memo.setdefault(key, found)
     return choice
 
 
-def select_params(problem: Problem, device: DeviceInfo | None) -> TuningParams:
-    return explain(problem, device).params
+def select_params(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") -> TuningParams:
+    return explain(problem, device, direction).params
 
 
 def clear_memo() -> None:

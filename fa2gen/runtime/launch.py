@@ -54,6 +54,16 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
+def window_extents(problem: Problem) -> tuple[int, int]:
+    """The (left, right) window as the kernels take it. Unbounded (or larger-than-the-problem)
+    extents become a distance no row can exceed; clamping also keeps the kernels' 32-bit
+    bound arithmetic from overflowing."""
+    unbounded = problem.seqlen_q + problem.seqlen_k
+    left = unbounded if problem.window_left < 0 else min(problem.window_left, unbounded)
+    right = unbounded if problem.window_right < 0 else min(problem.window_right, unbounded)
+    return left, right
+
+
 class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
@@ -66,11 +76,7 @@ class Launch:
         self.spec = spec = problem.kernel_spec()
         self.module = None  # loaded on first run: the interpreter check happens there
         dp = spec.head_dim_padded
-        # Unbounded (or larger-than-the-problem) window extents become a distance no row can
-        # exceed; clamping also keeps the kernel's 32-bit bound arithmetic from overflowing.
-        unbounded = problem.seqlen_q + problem.seqlen_k
-        left = unbounded if problem.window_left < 0 else min(problem.window_left, unbounded)
-        right = unbounded if problem.window_right < 0 else min(problem.window_right, unbounded)
+        left, right = window_extents(problem)
         # In the kernel's argument order: Hq, group, Nq, Nk, sm_scale, softcap, win_left, win_right.
         self.scalars = (
             problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k,

@@ -146,9 +146,9 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
     return Choice(near.params, "shipped-arch", near.bucket) if near else None
 
 
-def choose(problem: Problem, device: DeviceInfo | None) -> Choice:
-    """The params for ``problem`` on ``device`` (None: the CPU interpreter)."""
-    spec = problem.kernel_spec()
+def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") -> Choice:
+    """The params for ``problem``'s ``direction`` on ``device`` (None: the CPU interpreter)."""
+    spec = problem.kernel_spec(direction)
     arch = device.arch if device else "cpu"
     bucket = Bucket.of(problem, spec.direction)
     if device is not None and not tuned_disabled():

@@ -39,8 +39,8 @@ class Problem:
     def group(self) -> int:
         return self.heads_q // self.heads_kv
 
-    def kernel_spec(self) -> KernelSpec:
-        return _forward_spec(self.dtype, self.head_dim, self.mask, self.softcap > 0)
+    def kernel_spec(self, direction: str = "fwd") -> KernelSpec:
+        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0)
 
     def flops(self) -> float:
         """Forward FLOPs by the FlashAttention-2 paper's count (halved when causal and square)."""
@@ -51,9 +51,9 @@ class Problem:
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_spec(dtype: str, head_dim: int, mask: str, softcap: bool) -> KernelSpec:
+def _spec(direction: str, dtype: str, head_dim: int, mask: str, softcap: bool) -> KernelSpec:
     # Specs are immutable and few: build (and validate) each once, not per call.
-    return KernelSpec(direction="fwd", dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
+    return KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
 
 
 def _check_tensor(name: str, t) -> None:

@@ -26,16 +26,18 @@ def visible(problem: Problem, device) -> torch.Tensor | None:
 
 
 def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float32):
-    """(out, lse) for ``problem``; matmuls in ``compute_dtype``, softmax statistics in fp32.
+    """(out, lse) for ``problem``; matmuls in ``compute_dtype``, softmax statistics in fp32
+    (fp64 when ``compute_dtype`` is fp64).
 
     With compute_dtype equal to the input dtype this mimics what PyTorch itself would
     get in that precision (the baseline of flash-attention's error criterion).
     """
+    stats = torch.promote_types(compute_dtype, torch.float32)
     g = problem.group
     kk = k.repeat_interleave(g, dim=1) if g > 1 else k
     vv = v.repeat_interleave(g, dim=1) if g > 1 else v
     qc, kc, vc = q.to(compute_dtype), kk.to(compute_dtype), vv.to(compute_dtype)
-    s = torch.matmul(qc, kc.transpose(-1, -2)).float() * problem.sm_scale
+    s = torch.matmul(qc, kc.transpose(-1, -2)).to(stats) * problem.sm_scale
     if problem.softcap > 0:
         s = problem.softcap * torch.tanh(s / problem.softcap)
     keep = visible(problem, q.device)
@@ -44,6 +46,6 @@ def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float3
     lse = torch.logsumexp(s, dim=-1)
     empty = torch.isinf(lse) & (lse < 0)
     p = torch.exp(s - torch.where(empty, 0.0, lse)[..., None])
-    out = torch.matmul(p.to(compute_dtype), vc).float()
+    out = torch.matmul(p.to(compute_dtype), vc).to(stats)
     out = out.masked_fill(empty[..., None], 0.0)
     return out.to(q.dtype), lse

@@ -1,0 +1,39 @@
+"""attention() under autograd: the forward saves O and the log-sum-exp, as FlashAttention-2
+does, and the backward runs the generated backward kernels. Nothing N x N is kept."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .backward import backward
+from .device import cuda_device_info
+from .dispatch import select_params
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Differentiable in q, k and v. The log-sum-exp output is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, problem, run_forward):
+        out, lse = run_forward()
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.problem = problem
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        problem = ctx.problem
+        if q.device.type == "cuda":
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            params = select_params(problem, cuda_device_info(index), "bwd")
+            where = torch.cuda.device(index)  # Triton launches on the current device
+        else:  # the interpreter
+            params = select_params(problem, None, "bwd")
+            where = contextlib.nullcontext()
+        with where:
+            dq, dk, dv = backward(q, k, v, out, lse, dout, problem, params)
+        return dq, dk, dv, None, None

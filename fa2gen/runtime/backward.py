@@ -1,0 +1,61 @@
+"""Launch the generated backward kernels: delta, then dK/dV and dQ."""
+
+from __future__ import annotations
+
+import torch
+
+from ..generator.cache import interpreting, load_module
+from ..generator.spec import TuningParams
+from .interpreter import patch_interpreter
+from .launch import window_extents
+from .problem import Problem
+
+
+def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *, dq=None, dk=None, dv=None):
+    """Gradients (dq, dk, dv) of ``problem``'s attention for the output gradient ``dout``.
+
+    ``out`` and ``lse`` are what the forward returned for the same inputs. ``dout`` may have
+    any strides; a last dim that is not contiguous is copied first. ``dq``/``dk``/``dv`` may
+    be given preallocated (tests poison them with NaN). No atomics: every sum has one owner
+    and a fixed order, so repeated calls give bit-identical gradients.
+    """
+    if dout.shape != out.shape:
+        raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
+    if dout.dtype != out.dtype:
+        dout = dout.to(out.dtype)
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    if problem.batch == 0:
+        return dq, dk, dv
+    if interpreting():
+        patch_interpreter()
+    spec = problem.kernel_spec("bwd")
+    module = load_module(spec, params)
+    dp = spec.head_dim_padded
+    b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
+    left, right = window_extents(problem)
+    lse = lse.contiguous()
+    delta = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
+    launch = dict(num_warps=params.num_warps, num_stages=params.num_stages)
+    dims = dict(HEAD_DIM=problem.head_dim, HEAD_DIM_PAD=dp)
+
+    rows = params.block_m
+    module.attn_bwd_delta[(-(-nq // rows) * b * hq,)](
+        out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, **dims, **launch,
+    )
+    tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
+    scalars = (problem.sm_scale, problem.softcap, left, right)
+    module.attn_bwd_dkdv[(-(-nk // params.block_m) * b * hkv,)](
+        q, k, v, dout, lse, delta, dk, dv,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        hkv, problem.group, nq, nk, *scalars, **tiles, **launch,
+    )
+    module.attn_bwd_dq[(-(-nq // params.block_m) * b * hq,)](
+        q, k, v, dout, lse, delta, dq,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
+        hq, problem.group, nq, nk, *scalars, **tiles, **launch,
+    )
+    return dq, dk, dv
