@@ -32,7 +32,7 @@ def _choices(text: str, allowed, option: str) -> list[str]:
 
 @app.command()
 def generate(
-    direction: Annotated[str, typer.Option(help="kernel direction")] = "fwd",
+    direction: Annotated[str, typer.Option(help="fwd, or bwd (delta, dK/dV and dQ kernels)")] = "fwd",
     dtype: Annotated[str, typer.Option(help="fp16 or bf16")] = "fp16",
     head_dim: Annotated[int, typer.Option(help="multiple of 8 in [16, 256]")] = 64,
     mask: Annotated[str, typer.Option(help="none, causal or local")] = "none",
@@ -41,7 +41,7 @@ def generate(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    loads: Annotated[str, typer.Option(help="pointer or tma")] = "pointer",
+    loads: Annotated[str, typer.Option(help="pointer, tma_device or tma_host (fwd only)")] = "pointer",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
 ) -> None:
     """Print the rendered Triton source of one kernel variant."""
@@ -50,10 +50,10 @@ def generate(
     try:
         spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
         params = TuningParams(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, loads=loads)
+        variant = Variant(spec, params)
+        source = render(spec, params, name=variant.name)
     except SpecError as e:
         raise typer.BadParameter(str(e)) from None
-    variant = Variant(spec, params)
-    source = render(spec, params, name=variant.name)
     if output:
         output.write_text(source)
         typer.echo(f"wrote {variant.name} to {output}", err=True)
@@ -128,9 +128,13 @@ def bench(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON")] = None,
     png: Annotated[Optional[Path], typer.Option(help="draw a chart (needs matplotlib)")] = None,
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="write the table as Markdown")] = None,
+    mode: Annotated[str, typer.Option(help="fwd, bwd (the backward alone) or fwd+bwd")] = "fwd",
     seed: int = 0,
 ) -> None:
     """Time fa2gen side by side with SDPA's backends and compiled FlexAttention.
+
+    TFLOP/s count the forward as 4·B·H·Nq·Nk·D (half when causal and square), the backward
+    as 2.5 times that.
 
     Without a GPU it runs a small CPU grid through Triton's interpreter (a smoke run,
     not a measurement of anything a GPU would do).
@@ -151,6 +155,10 @@ def bench(
         # Must be set before any generated module is imported in this process.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = torch.device("cuda" if on_gpu else "cpu")
+    from .bench.runner import MODES
+
+    if mode not in MODES:
+        raise typer.BadParameter(f"choose from {', '.join(MODES)}", param_hint="--mode")
     dts = _choices(dtypes, tuple(G.DTYPES), "--dtypes")
     causals = {"off": [False], "on": [True], "both": [False, True]}.get(causal)
     if causals is None:
@@ -170,10 +178,10 @@ def bench(
         typer.echo("no GPU: running the CPU smoke grid (D=64, N=64 and 128) under Triton's interpreter; "
                    "--head-dims and --seqlens apply on a GPU only", err=True)
         cases = G.cpu_smoke_grid(dtypes=dts, causals=causals)
-    _run_bench(cases, names, device, seed, json_out, png, markdown_out)
+    _run_bench(cases, names, device, seed, json_out, png, markdown_out, mode)
 
 
-def _run_bench(cases, names, device, seed, json_out, png, markdown_out) -> None:
+def _run_bench(cases, names, device, seed, json_out, png, markdown_out, mode) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -189,10 +197,10 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out) -> None:
         task = progress.add_task("bench", total=len(cases))
         for case in cases:
             progress.update(task, description=case.label())
-            results.append(run_case(case, names, device, seed=seed))
+            results.append(run_case(case, names, device, seed=seed, mode=mode))
             progress.advance(task)
     header, rows = report.ratio_rows(results, names)
-    table = Table(title=f"TFLOP/s (forward) on {environment(device)['device']}; xNAME = fa2gen / NAME")
+    table = Table(title=f"TFLOP/s ({mode}) on {environment(device)['device']}; xNAME = fa2gen / NAME")
     for h in header:
         table.add_column(h, justify="left" if h == "case" else "right")
     for r in rows:
@@ -210,7 +218,7 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out) -> None:
         markdown_out.parent.mkdir(parents=True, exist_ok=True)
         markdown_out.write_text(report.markdown(results, names) + "\n")
     if png:
-        report.write_png(png, results, names, f"fa2gen forward on {env['device']}")
+        report.write_png(png, results, names, f"fa2gen {mode} on {env['device']}")
 
 
 @app.command()

@@ -69,7 +69,28 @@ def test_bench_cpu_writes_json_and_markdown(tmp_path):
     assert "fa2gen" in md.read_text()
 
 
+def test_generate_backward():
+    r = runner.invoke(app, ["generate", "--direction", "bwd", "--head-dim", "80", "--mask", "local", "--softcap",
+                            "--block-m", "128", "--block-n", "32"])
+    assert r.exit_code == 0, r.output
+    names = {n.name for n in ast.parse(r.output).body if isinstance(n, ast.FunctionDef)}
+    assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= names
+    assert runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_host"]).exit_code == 2
+
+
+@pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
+def test_bench_backward_modes_on_cpu(tmp_path, mode):
+    js = tmp_path / "r.json"
+    r = runner.invoke(app, ["bench", "--shapes", "1,4,2,33,50,32", "--dtypes", "fp16", "--causal", "off",
+                            "--mode", mode, "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(js.read_text())["results"]
+    assert row["mode"] == mode and row["tflops"]["fa2gen"] > 0
+    assert row["max_diff_vs_fa2gen"]["sdpa-math"] < 2e-2  # dq, dk, dv against SDPA's math backend
+
+
 def test_bench_rejects_bad_options():
+    assert runner.invoke(app, ["bench", "--mode", "sideways"]).exit_code == 2
     assert runner.invoke(app, ["bench", "--shapes", "1,2,x,4"]).exit_code == 2
     assert runner.invoke(app, ["bench", "--providers", "cutlass"]).exit_code == 2
     assert runner.invoke(app, ["bench", "--causal", "maybe"]).exit_code == 2

@@ -33,7 +33,9 @@ def _fa2gen(case, q, k, v):
 
 
 def _fa2gen_default(case, q, k, v):
-    """fa2gen with its heuristic default config, skipping tuned lookups (the A/B baseline)."""
+    """fa2gen with its heuristic default forward config, skipping tuned lookups (the A/B
+    baseline). Its backward, when timed, dispatches as attention()'s does."""
+    from fa2gen.runtime.autograd import differentiable
     from fa2gen.runtime.defaults import bucket_default
     from fa2gen.runtime.device import cuda_device_info
     from fa2gen.runtime.launch import forward
@@ -43,8 +45,13 @@ def _fa2gen_default(case, q, k, v):
     problem = make_problem(q, k, v, causal=case.causal)
     arch = cuda_device_info(q.device.index or 0).arch if q.device.type == "cuda" else "cpu"
     params = bucket_default(Bucket.of(problem), arch)
-    # Validation stays in the timed call, as in attention(), so both pay the same host cost.
-    return lambda: forward(q, k, v, make_problem(q, k, v, causal=case.causal), params)[0]
+
+    def run():
+        # Validation stays in the timed call, as in attention(), so both pay the same host cost.
+        p = make_problem(q, k, v, causal=case.causal)
+        return differentiable(q, k, v, p, functools.partial(forward, q, k, v, p, params))[0]
+
+    return run
 
 
 def _sdpa(backend_name: str):

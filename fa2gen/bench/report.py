@@ -99,7 +99,7 @@ def read_json(path: Path) -> tuple[dict, list[str], list[Result]]:
     data = json.loads(Path(path).read_text())
     results = []
     for row in data["results"]:
-        r = Result(Case(**row["case"]))
+        r = Result(Case(**row["case"]), row.get("mode", "fwd"))
         r.tflops, r.ms, r.skipped = row["tflops"], row["ms"], row["skipped"]
         r.max_diff = row.get("max_diff_vs_fa2gen", {})
         results.append(r)

@@ -13,16 +13,21 @@ from .grid import Case, make_inputs
 from .providers import PROVIDERS
 
 
+MODES = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FLOPs relative to the forward pass
+
+
 @dataclass
 class Result:
     case: Case
+    mode: str = "fwd"
     tflops: dict[str, float] = field(default_factory=dict)  # provider -> TFLOP/s (median)
     ms: dict[str, list[float]] = field(default_factory=dict)  # provider -> [p20, median, p80]
     skipped: dict[str, str] = field(default_factory=dict)  # provider -> reason
     max_diff: dict[str, float] = field(default_factory=dict)  # provider -> max |out - fa2gen out|
 
     def to_dict(self) -> dict:
-        return {"case": asdict(self.case), "label": self.case.label(), "tflops": self.tflops, "ms": self.ms,
+        return {"case": asdict(self.case), "mode": self.mode, "label": self.case.label(), "tflops": self.tflops,
+                "ms": self.ms,
                 "skipped": self.skipped, "max_diff_vs_fa2gen": self.max_diff}
 
 
@@ -55,9 +60,37 @@ def warm_gpu(ms: float = 100.0) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(case: Case, providers: list[str], device: torch.device, *, seed: int = 0) -> Result:
+def _timed(forward_fn, mode: str, inputs, dout):
+    """What to time for ``mode``: the forward; the backward alone, through a graph kept by
+    one forward; or both. Each returns the tensors compared across providers."""
+    if mode == "fwd":
+        return forward_fn
+    if mode == "bwd":
+        out = forward_fn()
+        return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+    return lambda: torch.autograd.grad(forward_fn(), inputs, dout)
+
+
+def _max_diff(a, b) -> float:
+    if isinstance(a, (tuple, list)):
+        return max(_max_diff(x, y) for x, y in zip(a, b))
+    return float((a.float() - b.float()).abs().max())
+
+
+def _has_nan(x) -> bool:
+    if isinstance(x, (tuple, list)):
+        return any(_has_nan(t) for t in x)
+    return bool(torch.isnan(x).any())
+
+
+def run_case(case: Case, providers: list[str], device: torch.device, *, seed: int = 0, mode: str = "fwd") -> Result:
     q, k, v = make_inputs(case, device, seed=seed)
-    result = Result(case)
+    dout = None
+    if mode != "fwd":
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        g = torch.Generator(device=device).manual_seed(seed + 1)
+        dout = torch.randn(q.shape, generator=g, device=device, dtype=torch.float32).to(q.dtype)
+    result = Result(case, mode)
     outputs = {}
     for name in providers:
         prov = PROVIDERS[name]
@@ -66,7 +99,7 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
             result.skipped[name] = why
             continue
         try:
-            fn = prov.build(case, q, k, v)
+            fn = _timed(prov.build(case, q, k, v), mode, (q, k, v), dout)
             out = fn()
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -77,7 +110,7 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
                 result.ms[name] = [t.p20_ms, t.median_ms, t.p80_ms]
             else:
                 result.ms[name] = _time_cpu(fn)
-            result.tflops[name] = case.flops() / (result.ms[name][1] * 1e-3) / 1e12
+            result.tflops[name] = MODES[mode] * case.flops() / (result.ms[name][1] * 1e-3) / 1e12
             outputs[name] = out
         except Exception as e:  # a backend that refuses a shape is reported, not fatal
             result.skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
@@ -86,12 +119,12 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
                 torch.cuda.empty_cache()
     ref = outputs.get("fa2gen")
     if ref is not None:
-        if torch.isnan(ref).any():
+        if _has_nan(ref):
             result.skipped["fa2gen"] = "NaN in output"
             result.tflops.pop("fa2gen", None)
         for name, out in outputs.items():
             if name != "fa2gen":
-                result.max_diff[name] = float((out.float() - ref.float()).abs().max())
+                result.max_diff[name] = _max_diff(out, ref)
     return result
 
 

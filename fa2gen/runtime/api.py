@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from ..generator.cache import interpreting
-from .autograd import AttentionFunction
+from .autograd import differentiable
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
 from .launch import Launch, forward
@@ -70,10 +70,10 @@ def attention(
             run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch)
         else:  # Triton launches on the current device
             run = functools.partial(_on_device, index, forward, q, k, v, problem, launch.params, launch=launch)
-        out, lse = _differentiable(q, k, v, problem, run)
+        out, lse = differentiable(q, k, v, problem, run)
     elif interpreting():
         run = functools.partial(forward, q, k, v, problem, select_params(problem, None))
-        out, lse = _differentiable(q, k, v, problem, run)
+        out, lse = differentiable(q, k, v, problem, run)
     else:
         global _warned_cpu
         if not _warned_cpu:
@@ -86,13 +86,6 @@ def attention(
             )
         out, lse = attention_reference(q, k, v, problem)
     return (out, lse) if return_lse else out
-
-
-def _differentiable(q, k, v, problem, run):
-    """Run the forward (``run()``), through autograd when a gradient is wanted."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return AttentionFunction.apply(q, k, v, problem, run)
-    return run()
 
 
 def _on_device(index, fn, *args, **kwargs):

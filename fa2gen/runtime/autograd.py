@@ -37,3 +37,10 @@ class AttentionFunction(torch.autograd.Function):
         with where:
             dq, dk, dv = backward(q, k, v, out, lse, dout, problem, params)
         return dq, dk, dv, None, None
+
+
+def differentiable(q, k, v, problem, run):
+    """Run the forward (``run()`` returns (out, lse)), through autograd when a gradient is wanted."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return AttentionFunction.apply(q, k, v, problem, run)
+    return run()
