@@ -225,6 +225,8 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out, mode) ->
 def tune(
     arch: Annotated[str, typer.Option(help="search space and output naming: sm80, sm86, sm89 or sm90")],
     grid: Annotated[Optional[Path], typer.Option(help="YAML file of problems to tune (default: built-in grid)")] = None,
+    directions: Annotated[Optional[str], typer.Option(
+        help="fwd, bwd or fwd,bwd (default: fwd for the built-in grid, every direction of a --grid file)")] = None,
     trials: Annotated[int, typer.Option(help="finished trials per bucket (pruned ones count)")] = 40,
     time_budget: Annotated[Optional[float], typer.Option(help="stop after this many seconds in all")] = None,
     db: Annotated[Optional[Path], typer.Option(help="results database (default: FA2GEN_DB or the user cache)")] = None,
@@ -244,6 +246,7 @@ def tune(
     if arch not in SPACES:
         raise typer.BadParameter(f"choose from {', '.join(SPACES)}", param_hint="--arch")
     _check_tune_options(trials, time_budget, sampler, workers, limit)
+    _directions(directions)
     if not torch.cuda.is_available():
         typer.echo("fa2gen tune: no CUDA GPU found; tuning needs the GPU it tunes for", err=True)
         raise typer.Exit(2)
@@ -255,7 +258,8 @@ def tune(
 
     evaluator = GpuEvaluator(workers=workers, seed=seed)
     try:
-        _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit)
+        _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit,
+                  directions)
     except DeviceFault as e:
         typer.echo(f"fa2gen tune: stopped, the GPU context is unusable after a faulty candidate ({e}); "
                    "run the same command again to resume", err=True)
@@ -278,7 +282,14 @@ def _check_tune_options(trials, time_budget, sampler, workers, limit) -> None:
         raise typer.BadParameter("must be >= 1", param_hint="--limit")
 
 
-def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit) -> None:
+def _directions(text: str | None) -> tuple[str, ...] | None:
+    from .generator.spec import DIRECTIONS
+
+    return tuple(_choices(text, DIRECTIONS, "--directions")) if text else None
+
+
+def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit,
+              directions=None) -> None:
     """The body of ``fa2gen tune`` after the GPU checks (CPU tests drive it with a cost model)."""
     import triton
     from rich.console import Console
@@ -296,10 +307,13 @@ def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, samp
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and table report instead
+    wanted = _directions(directions)
     try:
-        buckets = read_grid(grid) if grid else default_buckets()
+        buckets = read_grid(grid) if grid else default_buckets(wanted or ("fwd",))
     except GridError as e:
         raise typer.BadParameter(str(e), param_hint="--grid") from None
+    if wanted:
+        buckets = [b for b in buckets if b.direction in wanted]
     _check_tune_options(trials, time_budget, sampler, None, limit)
     if limit is not None:
         buckets = buckets[:limit]

@@ -95,6 +95,10 @@ def test_static_rules():
     sm86 = TuningParams(128, 64, 4, 3, "pointer")  # about 144 KB: fits sm90's 227 KB, not sm86's 99 KB
     assert "shared memory" in prune_reason(SPACES["sm86"], KernelSpec(head_dim=128), B4K, sm86)
     assert prune_reason(SPACES["sm90"], KernelSpec(head_dim=128), B4K, sm86) is None
+    bwd, bwd_short = KernelSpec(direction="bwd"), Bucket("bwd", "fp16", 64, "none", False, 1, 32, 32, 64)
+    assert "pointer loads only" in prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 2, "tma_host"))
+    assert "longest sequence" in prune_reason(space, bwd, bwd_short, TuningParams(64, 32, 4, 2, "pointer"))
+    assert prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 3, "pointer")) is None
 
 
 def test_brute_force_covers_small_space(tmp_path):
@@ -338,3 +342,31 @@ def test_two_tuners_on_the_same_studies(tmp_path):
         assert len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))) >= 16
         assert not study.get_trials(states=(TrialState.RUNNING,))
     assert {e.bucket.key for e in TunedDB(db).entries()} == {b.key for b in default_buckets()[:2]}
+
+
+def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
+    """Backward buckets are their own problems: own grid entries, pointer-only space,
+    stored winners that attention()'s backward lookup finds (and the forward's does not)."""
+    from fa2gen.runtime.device import DeviceInfo
+    from fa2gen.runtime.lookup import choose
+    from fa2gen.runtime.problem import Problem
+
+    bwd = [b for b in default_buckets(("bwd",))]
+    assert len(bwd) == 72 and {b.direction for b in bwd} == {"bwd"}
+    assert len(default_buckets(("fwd", "bwd"))) == 104 + 72
+    bucket = Bucket("bwd", "bf16", 64, "causal", False, 1, 2048, 2048, 256)
+    db, storage, ev, [r] = _tune(tmp_path, [bucket], trials=25,
+                                 evaluator=CostModelEvaluator(optimum=TuningParams(128, 32, 4, 3, "pointer")))
+    assert r.best is not None and r.best.loads == "pointer"
+    assert all(p.loads == "pointer" for p in ev.compiled)  # descriptor points were pruned, never compiled
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    reasons = {t.user_attrs.get("prune_reason", "") for t in study.trials}
+    assert any("pointer loads only" in why for why in reasons)
+    assert db.get(VALID, bucket).params == r.best
+    problem = Problem(batch=8, heads_q=32, heads_kv=32, seqlen_q=2000, seqlen_k=2000, head_dim=64, dtype="bf16",
+                      mask="causal", window_left=-1, window_right=0, sm_scale=0.125, softcap=0.0)
+    device = DeviceInfo(name="TEST_GPU", capability=(9, 0), arch="sm90", sm_count=132)
+    monkeypatch.setenv("FA2GEN_DB", str(tmp_path / "tuned.sqlite"))
+    monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev, direction: VALID)
+    assert choose(problem, device, "bwd").params == r.best
+    assert choose(problem, device, "fwd").source != "db"

@@ -11,13 +11,15 @@ from .launch import window_extents
 from .problem import Problem
 
 
-def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *, dq=None, dk=None, dv=None):
+def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *, dq=None, dk=None, dv=None,
+             compile_only: bool = False):
     """Gradients (dq, dk, dv) of ``problem``'s attention for the output gradient ``dout``.
 
     ``out`` and ``lse`` are what the forward returned for the same inputs. ``dout`` may have
     any strides; a last dim that is not contiguous is copied first. ``dq``/``dk``/``dv`` may
     be given preallocated (tests poison them with NaN). No atomics: every sum has one owner
-    and a fixed order, so repeated calls give bit-identical gradients.
+    and a fixed order, so repeated calls give bit-identical gradients. ``compile_only``
+    compiles the three kernels for this call without launching them (the tuner's workers).
     """
     if dout.shape != out.shape:
         raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
@@ -42,20 +44,23 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     launch = dict(num_warps=params.num_warps, num_stages=params.num_stages)
     dims = dict(HEAD_DIM=problem.head_dim, HEAD_DIM_PAD=dp)
 
+    def run(kernel, grid, *args, **constexprs):
+        if compile_only:
+            kernel.warmup(*args, grid=grid, **constexprs, **launch)
+        else:
+            kernel[grid](*args, **constexprs, **launch)
+
     rows = params.block_m
-    module.attn_bwd_delta[(-(-nq // rows) * b * hq,)](
-        out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, **dims, **launch,
-    )
+    run(module.attn_bwd_delta, (-(-nq // rows) * b * hq,),
+        out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, **dims)
     tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
     scalars = (problem.sm_scale, problem.softcap, left, right)
-    module.attn_bwd_dkdv[(-(-nk // params.block_m) * b * hkv,)](
+    run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
         q, k, v, dout, lse, delta, dk, dv,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        hkv, problem.group, nq, nk, *scalars, **tiles, **launch,
-    )
-    module.attn_bwd_dq[(-(-nq // params.block_m) * b * hq,)](
+        hkv, problem.group, nq, nk, *scalars, **tiles)
+    run(module.attn_bwd_dq, (-(-nq // params.block_m) * b * hq,),
         q, k, v, dout, lse, delta, dq,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-        hq, problem.group, nq, nk, *scalars, **tiles, **launch,
-    )
+        hq, problem.group, nq, nk, *scalars, **tiles)
     return dq, dk, dv

@@ -7,6 +7,7 @@ tuner's orchestration (Optuna, pruning, resume, storage) runs in CPU tests.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -59,7 +60,8 @@ def representative_problem(bucket: Bucket) -> Problem:
 
 
 def flops(bucket: Bucket) -> float:
-    return representative_problem(bucket).flops()
+    """FLOPs of the bucket's timed call: the forward's, or 2.5 times that for the backward."""
+    return representative_problem(bucket).flops() * (2.5 if bucket.direction == "bwd" else 1.0)
 
 
 class Evaluator(Protocol):
@@ -124,6 +126,7 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
     try:
         import torch
 
+        from ..runtime.backward import backward
         from ..runtime.launch import forward
         from ..runtime.problem import make_problem
         from ..store.buckets import Bucket
@@ -134,8 +137,13 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         q = torch.empty(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt)
         k = torch.empty(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt)
         problem = make_problem(q, k, k, **_semantics(bucket))
+        params = TuningParams.from_dict(params_data)
         # Compile without launching: a faulty candidate cannot poison this worker's context.
-        forward(q, k, k, problem, TuningParams.from_dict(params_data), compile_only=True)
+        if bucket.direction == "bwd":
+            lse = torch.empty(s.batch, s.heads_q, s.seqlen_q, device="cuda", dtype=torch.float32)
+            backward(q, k, k, q, lse, q, problem, params, compile_only=True)
+        else:
+            forward(q, k, k, problem, params, compile_only=True)
         return None
     except Exception as e:  # compile errors, OutOfResources, ptxas failures are answers here
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -227,8 +235,11 @@ class GpuEvaluator:
     def measure(self, bucket, params):
         import torch
 
-        from ..bench.correctness import check_forward
+        from ..bench.correctness import check_backward, check_forward
         from ..bench.timing import measure as time_it
+        from ..runtime.backward import backward
+        from ..runtime.defaults import bucket_default
+        from ..runtime.device import cuda_device_info
         from ..runtime.launch import forward
         from ..runtime.problem import make_problem
 
@@ -240,18 +251,40 @@ class GpuEvaluator:
         gk = torch.randn(2, 2, nk, s.head_dim, device="cuda", dtype=dt)
         gv = torch.randn(2, 2, nk, s.head_dim, device="cuda", dtype=dt)
         gp = make_problem(gq, gk, gv, **_semantics(bucket))
+        bwd = bucket.direction == "bwd"
+        # The backward is timed on the forward's outputs, computed once with the default forward.
+        fwd_params = params
+        if bwd:
+            arch = cuda_device_info(torch.cuda.current_device()).arch
+            fwd_params = bucket_default(dataclasses.replace(bucket, direction="fwd"), arch)
         out = torch.full_like(gq, float("nan"))
         lse = torch.full((2, 2 * bucket.group, nq), float("nan"), device="cuda")
         try:
-            forward(gq, gk, gv, gp, params, out=out, lse=lse)
-            torch.cuda.synchronize()
-            verdict = check_forward(gq, gk, gv, gp, out, lse)
+            forward(gq, gk, gv, gp, fwd_params, out=out, lse=lse)
+            if bwd:
+                dout = torch.randn_like(out)
+                grads = [torch.full_like(t, float("nan")) for t in (gq, gk, gv)]
+                backward(gq, gk, gv, out, lse, dout, gp, params, dq=grads[0], dk=grads[1], dv=grads[2])
+                torch.cuda.synchronize()
+                verdict = check_backward(gq, gk, gv, gp, dout, *grads)
+                error = max(e for e, _ in verdict.errors.values())
+            else:
+                torch.cuda.synchronize()
+                verdict = check_forward(gq, gk, gv, gp, out, lse)
+                error = verdict.out_err
             if not verdict.ok:
                 raise Rejected(f"wrong result: {verdict}")
             q, k, v, problem = self._problem_inputs(bucket)
-            timed_out = torch.full_like(q, float("nan"))
-            t = time_it(lambda: forward(q, k, v, problem, params, out=timed_out))
-            if torch.isnan(timed_out).any():
+            if bwd:
+                o, l = forward(q, k, v, problem, fwd_params)
+                dout = torch.randn_like(o)
+                timed = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+                t = time_it(lambda: backward(q, k, v, o, l, dout, problem, params,
+                                             dq=timed[0], dk=timed[1], dv=timed[2]))
+            else:
+                timed = [torch.full_like(q, float("nan"))]
+                t = time_it(lambda: forward(q, k, v, problem, params, out=timed[0]))
+            if any(torch.isnan(x).any() for x in timed):
                 raise Rejected("NaN in the timed output")
         except Rejected:
             raise
@@ -259,7 +292,7 @@ class GpuEvaluator:
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             raise Rejected(reason, fatal=_is_cuda_fault(e)) from None
         return Measurement(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
-                           tflops=flops(bucket) / t.median_ms / 1e9, max_error=verdict.out_err)
+                           tflops=flops(bucket) / t.median_ms / 1e9, max_error=error)
 
 
 def _semantics(bucket: Bucket) -> dict:

@@ -3,7 +3,8 @@
 Grid file (every key optional except ``problems``; unknown keys are errors)::
 
     problems:
-      - dtypes: [fp16, bf16]
+      - directions: [fwd]              # fwd | bwd
+        dtypes: [fp16, bf16]
         head_dims: [64, 128]
         masks: [none, causal]          # none | causal | local
         softcap: [false]
@@ -28,7 +29,7 @@ import yaml
 from ..generator.spec import SpecError
 from ..store.buckets import MAX_BH, MAX_GROUP, MAX_SEQ, Bucket, ceil_pow2
 
-_KEYS = {"dtypes", "head_dims", "masks", "softcap", "groups", "seqlens", "seqlens_q", "seqlens_k", "tokens", "hidden",
+_KEYS = {"directions", "dtypes", "head_dims", "masks", "softcap", "groups", "seqlens", "seqlens_q", "seqlens_k", "tokens", "hidden",
          "batch_heads"}
 
 CANONICAL_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
@@ -40,6 +41,9 @@ DEFAULT_GRID = {
         # Short queries against a long cache (decoding, chunked prefill).
         {"dtypes": ["fp16", "bf16"], "head_dims": [64, 128], "masks": ["none", "causal"],
          "seqlens_q": [1, 16, 64, 256], "seqlens_k": [8192], "batch_heads": [64]},
+        # The backward pass on the paper's grid (training: no decoding shapes).
+        {"directions": ["bwd"], "dtypes": ["fp16", "bf16"], "head_dims": [64, 128, 256], "masks": ["none", "causal"],
+         "seqlens": CANONICAL_SEQLENS, "tokens": 16384, "hidden": 2048},
     ]
 }
 
@@ -73,6 +77,7 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
         if unknown:
             raise GridError(f"problems[{i}]: unknown keys {sorted(unknown)}")
         try:
+            directions = _list(block, "directions", ["fwd"], str)
             dtypes = _list(block, "dtypes", ["fp16", "bf16"], str)
             head_dims = _list(block, "head_dims", [64, 128], int)
             masks = _list(block, "masks", ["none", "causal"], str)
@@ -87,7 +92,8 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
                                                _list(block, "seqlens_k", CANONICAL_SEQLENS, int)))
             if "batch_heads" in block and ("tokens" in block or "hidden" in block):
                 raise GridError("give batch_heads, or tokens with hidden, not both")
-            for dt, d, m, sc, g, (nq, nk) in itertools.product(dtypes, head_dims, masks, softcaps, groups, pairs):
+            for di, dt, d, m, sc, g, (nq, nk) in itertools.product(directions, dtypes, head_dims, masks, softcaps,
+                                                                    groups, pairs):
                 if min(nq, nk, g) < 1:
                     raise GridError(f"non-positive size in {block!r}")
                 if "batch_heads" in block:
@@ -96,7 +102,7 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
                     tokens, hidden = _int(block, "tokens", 16384), _int(block, "hidden", 2048)
                     bhs = [max(1, tokens // nq) * max(1, hidden // d)]
                 for bh in bhs:
-                    b = Bucket("fwd", dt, d, m, sc, ceil_pow2(g, MAX_GROUP), ceil_pow2(nq, MAX_SEQ),
+                    b = Bucket(di, dt, d, m, sc, ceil_pow2(g, MAX_GROUP), ceil_pow2(nq, MAX_SEQ),
                                ceil_pow2(nk, MAX_SEQ), ceil_pow2(max(bh, 1), MAX_BH))
                     out[b.key] = b
         except SpecError as e:
@@ -112,5 +118,5 @@ def read_grid(path: str | Path) -> list[Bucket]:
     return buckets_from_grid(data)
 
 
-def default_buckets() -> list[Bucket]:
-    return buckets_from_grid(DEFAULT_GRID)
+def default_buckets(directions=("fwd",)) -> list[Bucket]:
+    return [b for b in buckets_from_grid(DEFAULT_GRID) if b.direction in directions]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..generator.arch import ARCHES, fits
-from ..generator.spec import KernelSpec, TuningParams
+from ..generator.spec import KernelSpec, TuningParams, unsupported
 from ..store.buckets import Bucket
 
 
@@ -51,17 +51,22 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     """Why ``params`` should not be compiled for ``bucket`` on ``space.arch``, or None."""
     if not space.contains(params):
         return f"outside the {space.arch} search space"
-    why = fits(spec, params, space.arch)
+    why = unsupported(spec, params) or fits(spec, params, space.arch)
     if why:
         return why
     # Each warp of the score tile needs at least 256 elements (one 16x16 MMA tile).
     if params.block_m * params.block_n < 256 * params.num_warps:
         return f"{params.block_m}x{params.block_n} tile too small for {params.num_warps} warps"
-    # Rows past the query length are pure waste: no tile taller than the bucket needs.
-    if params.block_m > max(16, bucket.seqlen_q):
-        return f"block_m {params.block_m} exceeds the bucket's query length {bucket.seqlen_q}"
-    if params.block_n > max(16, bucket.seqlen_k):
-        return f"block_n {params.block_n} exceeds the bucket's key length {bucket.seqlen_k}"
+    # Rows past the sequence are pure waste: no tile taller than the bucket needs.
+    if spec.direction == "fwd":
+        if params.block_m > max(16, bucket.seqlen_q):
+            return f"block_m {params.block_m} exceeds the bucket's query length {bucket.seqlen_q}"
+        if params.block_n > max(16, bucket.seqlen_k):
+            return f"block_n {params.block_n} exceeds the bucket's key length {bucket.seqlen_k}"
+    else:  # the backward's tiles hold queries in one kernel and keys in the other
+        longest = max(bucket.seqlen_q, bucket.seqlen_k)
+        if max(params.block_m, params.block_n) > max(16, longest):
+            return f"{params.block_m}x{params.block_n} tiles exceed the bucket's longest sequence {longest}"
     # Hopper's wgmma is issued per warp group of 4 warps, 64 rows each: 8 warps on 64 rows
     # split the rows badly. Every such variant in benchmarks/results/sweep-fwd-h200-fp16.json
     # ran at 40-60% of the best one.
