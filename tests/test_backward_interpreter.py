@@ -133,3 +133,20 @@ def test_backward_against_fp64_reference():
     for mine, ref, base in zip((t.grad for t in leaves), exact, fp16):
         err = (mine.double() - ref).abs().max().item()
         assert err <= 2 * (base - ref).abs().max().item() + 1e-4, err
+
+
+def test_training_script_smoke(tmp_path):
+    """benchmarks/train_gpt.py end to end on CPU: a tiny model, three steps, both runs."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "train.json"
+    script = Path(__file__).parent.parent / "benchmarks" / "train_gpt.py"
+    r = subprocess.run([sys.executable, str(script), "--tiny", "--steps", "3", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(out.read_text())
+    assert [run["name"] for run in data["runs"]] == ["fa2gen", "sdpa"]
+    assert data["max_abs_loss_gap"] < 1e-2  # same seed, same batches: the curves agree
