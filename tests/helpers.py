@@ -9,6 +9,27 @@ from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
 
 
+# (B, Hq, Hkv, Nq, Nk, D): odd lengths, Nq != Nk both ways, GQA/MQA, padded head dims
+ODD_SHAPES = [
+    (1, 2, 2, 37, 37, 64),
+    (2, 4, 2, 45, 77, 32),
+    (1, 3, 1, 70, 33, 80),
+    (1, 2, 1, 1, 50, 128),
+    (1, 2, 2, 19, 1, 64),
+]
+# attention() options covering every mask kind, softcap and a custom scale
+MASK_CASES = [
+    {},
+    {"causal": True},
+    {"window_size": (9, 4)},
+    {"window_size": (6, -1), "causal": True},
+    {"softcap": 7.5},
+    {"causal": True, "softcap": 3.0, "sm_scale": 0.3},
+    {"window_size": (7, -1)},
+    {"window_size": (-1, 5)},
+]
+
+
 def rand_qkv(B, Hq, Hkv, Nq, Nk, D, dtype=torch.float16, device="cpu", seed=0, layout="bhnd"):
     """Fresh random normal inputs; layout "bnhd" gives (B, N, H, D) storage viewed as (B, H, N, D)."""
     g = torch.Generator(device=device).manual_seed(seed)

@@ -12,7 +12,7 @@ from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.backward import backward
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
-from helpers import rand_qkv
+from helpers import MASK_CASES, ODD_SHAPES, rand_qkv
 
 pytestmark = pytest.mark.interpreter
 
@@ -21,20 +21,8 @@ BWD_POINTS = [
     TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1),
     TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=2),
 ]
-# (B, Hq, Hkv, Nq, Nk, D): odd lengths, Nq != Nk both ways, GQA/MQA, padded head dims
-SHAPES = [
-    (1, 2, 2, 37, 37, 64),
-    (2, 4, 2, 45, 77, 32),
-    (1, 3, 1, 70, 33, 80),
-    (1, 2, 1, 1, 50, 32),
-]
-MASKS = [
-    {},
-    {"causal": True},
-    {"window_size": (9, 4)},
-    {"window_size": (6, -1), "causal": True},
-    {"softcap": 7.5, "causal": True},
-]
+SHAPES = ODD_SHAPES[:4]  # the one-key case adds nothing the decode shape does not
+MASKS = MASK_CASES[:4] + [{"causal": True, "softcap": 3.0, "sm_scale": 0.3}]
 
 
 def _id(x):

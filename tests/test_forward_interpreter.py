@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fa2gen.generator.spec import TuningParams
-from helpers import rand_qkv, run_and_check
+from helpers import MASK_CASES, ODD_SHAPES, rand_qkv, run_and_check
 
 pytestmark = pytest.mark.interpreter
 
@@ -17,24 +17,8 @@ P_TMA = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2, loads="t
 P_TMA_DEV = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=2, loads="tma_device")
 POINTS = [P_SMALL, P_WIDE, P_TMA, P_TMA_DEV]
 
-# (B, Hq, Hkv, Nq, Nk, D): odd lengths, Nq != Nk both ways, GQA/MQA, padded head dims
-SHAPES = [
-    (1, 2, 2, 37, 37, 64),
-    (2, 4, 2, 45, 77, 32),
-    (1, 3, 1, 70, 33, 80),
-    (1, 2, 1, 1, 50, 128),
-    (1, 2, 2, 19, 1, 64),
-]
-MASKS = [
-    {},
-    {"causal": True},
-    {"window_size": (9, 4)},
-    {"window_size": (6, -1), "causal": True},
-    {"softcap": 7.5},
-    {"causal": True, "softcap": 3.0, "sm_scale": 0.3},
-    {"window_size": (7, -1)},
-    {"window_size": (-1, 5)},
-]
+SHAPES = ODD_SHAPES
+MASKS = MASK_CASES
 
 
 def _id(x):

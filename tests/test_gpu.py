@@ -18,6 +18,17 @@ from helpers import rand_qkv, run_and_check
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.float16, torch.bfloat16]
+# (B, Hq, Hkv, Nq, Nk, D) and attention() options: GQA/MQA both ways, windows, softcap,
+# decoding, a padded head dim with everything on
+FEATURE_CASES = [
+    ((2, 8, 2, 1000, 3001, 128), {"causal": True}),
+    ((2, 8, 1, 3001, 1000, 64), {"causal": True}),
+    ((1, 6, 3, 2500, 2500, 96), {"window_size": (256, 17)}),
+    ((1, 4, 4, 1777, 1777, 128), {"softcap": 30.0}),
+    ((3, 4, 2, 1, 4099, 128), {}),
+    ((1, 4, 4, 513, 513, 160), {"causal": True, "window_size": (100, -1), "softcap": 10.0}),
+]
+FEATURE_IDS = ["gqa-causal-nk>nq", "mqa-causal-nq>nk", "window", "softcap", "decode", "d160-all"]
 
 
 def _attention_checked(q, k, v, **kw):
@@ -44,18 +55,7 @@ def test_long_sequence_16k(dtype, D):
 
 
 @pytest.mark.parametrize("loads", ["pointer", "tma_device", "tma_host"])
-@pytest.mark.parametrize(
-    "shape,kw",
-    [
-        ((2, 8, 2, 1000, 3001, 128), {"causal": True}),
-        ((2, 8, 1, 3001, 1000, 64), {"causal": True}),
-        ((1, 6, 3, 2500, 2500, 96), {"window_size": (256, 17)}),
-        ((1, 4, 4, 1777, 1777, 128), {"softcap": 30.0}),
-        ((3, 4, 2, 1, 4099, 128), {}),
-        ((1, 4, 4, 513, 513, 160), {"causal": True, "window_size": (100, -1), "softcap": 10.0}),
-    ],
-    ids=["gqa-causal-nk>nq", "mqa-causal-nq>nk", "window", "softcap", "decode", "d160-all"],
-)
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES, ids=FEATURE_IDS)
 def test_features_on_both_load_paths(loads, shape, kw):
     q, k, v = rand_qkv(*shape, device="cuda", seed=sum(shape))
     params = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads=loads)
@@ -152,17 +152,7 @@ def test_backward_real_sizes(dtype, D, kw):
     assert verdict.ok, str(verdict)
 
 
-@pytest.mark.parametrize(
-    "shape,kw",
-    [
-        ((2, 8, 2, 1000, 3001, 128), {"causal": True}),
-        ((2, 8, 1, 3001, 1000, 64), {"causal": True}),
-        ((1, 6, 3, 2500, 2500, 96), {"window_size": (256, 17)}),
-        ((1, 4, 4, 1777, 1777, 128), {"softcap": 30.0}),
-        ((1, 4, 4, 513, 513, 160), {"causal": True, "window_size": (100, -1), "softcap": 10.0}),
-    ],
-    ids=["gqa-causal-nk>nq", "mqa-causal-nq>nk", "window", "softcap", "d160-all"],
-)
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES, ids=FEATURE_IDS)
 def test_backward_features(shape, kw):
     verdict = _grad_check(shape, layout="bnhd", dout_transposed=True, **kw)
     assert verdict.ok, str(verdict)
