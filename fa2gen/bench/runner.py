@@ -60,7 +60,7 @@ def warm_gpu(ms: float = 100.0) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(forward_fn, mode: str, inputs, dout):
+def timed_call(forward_fn, mode: str, inputs, dout):
     """What to time for ``mode``: the forward; the backward alone, through a graph kept by
     one forward; or both. Each returns the tensors compared across providers."""
     if mode == "fwd":
@@ -99,7 +99,7 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
             result.skipped[name] = why
             continue
         try:
-            fn = _timed(prov.build(case, q, k, v), mode, (q, k, v), dout)
+            fn = timed_call(prov.build(case, q, k, v), mode, (q, k, v), dout)
             out = fn()
             if device.type == "cuda":
                 torch.cuda.synchronize()

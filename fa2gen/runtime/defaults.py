@@ -41,11 +41,22 @@ _AMPERE = [
     (256, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
 ]
 
-# Backward (block_m: rows a program owns, block_n: rows its loop steps through). A big
-# owned tile and a short step, as FlashAttention-2's backward uses; not yet chosen by
-# measurement (pointer loads only; shrunk to fit each arch).
-_BWD_SM90 = TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=3)
-_BWD_AMPERE = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)
+# Backward (block_m: rows a program owns, block_n: rows its loop steps through), pointer
+# loads. Chosen from register use, not yet from timings: the dK/dV kernel holds two fp32
+# accumulators of block_m x D, and benchmarks/registers.py (results/registers-bwd-sm90.json,
+# ptxas for sm90, no GPU needed) shows which tiles fit. D=64: 128x32 with 8 warps spills
+# nothing; D=128: 64x16 with 8 warps spills 40 B (every 4-warp tile spills 1-7 KB);
+# D=256: every tile spills (64x16, 8 warps, 1 stage least: 2 KB over both kernels).
+_BWD_SM90 = [
+    (64, TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2)),
+    (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=3)),
+    (256, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=1)),
+]
+_BWD_AMPERE = [
+    (64, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
+    (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=2)),
+    (256, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=1)),
+]
 
 # Under Triton's interpreter the cost is per program and per block op, not per FLOP.
 _INTERPRETER = TuningParams(block_m=32, block_n=32, num_warps=4, num_stages=1)
@@ -77,7 +88,8 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     if spec.direction == "bwd":
         if arch == "cpu":
             return _BWD_INTERPRETER
-        return shrink_to_fit(spec, _BWD_SM90 if arch == "sm90" else _BWD_AMPERE, arch)
+        table = _BWD_SM90 if arch == "sm90" else _BWD_AMPERE
+        return shrink_to_fit(spec, next(p for bound, p in table if spec.head_dim_padded <= bound), arch)
     if arch == "cpu":
         params = _INTERPRETER
     else:

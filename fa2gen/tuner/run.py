@@ -15,7 +15,7 @@ from ..store.buckets import Bucket
 from ..store.db import TunedDB
 from ..store.records import Entry, Validity
 from .evaluate import Evaluator
-from .space import SearchSpace
+from .space import SearchSpace, space_for
 from .study import BucketResult, study_name, tune_bucket
 
 NEIGHBOURS = 3  # best configs of the nearest tuned buckets enqueued as warm starts
@@ -117,7 +117,7 @@ def tune(
                 pass
         default = bucket_default(bucket, space.arch)
         result = tune_bucket(
-            bucket, evaluator, space, storage=storage, name_prefix=prefix, trials=options.trials,
+            bucket, evaluator, space_for(space.arch, bucket.direction), storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
             warm_start=neighbour_params(db, validity, bucket), default=default, on_progress=on_progress,
         )

@@ -54,9 +54,11 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     why = unsupported(spec, params) or fits(spec, params, space.arch)
     if why:
         return why
-    # Each warp of the score tile needs at least 256 elements (one 16x16 MMA tile).
-    if params.block_m * params.block_n < 256 * params.num_warps:
-        return f"{params.block_m}x{params.block_n} tile too small for {params.num_warps} warps"
+    # Each warp needs at least 256 elements (one 16x16 MMA tile) of the tile the warps split:
+    # the forward's score tile; the backward's block_m x D gradient accumulators.
+    split = params.block_n if spec.direction == "fwd" else spec.head_dim_padded
+    if params.block_m * split < 256 * params.num_warps:
+        return f"{params.block_m}x{split} tile too small for {params.num_warps} warps"
     # Rows past the sequence are pure waste: no tile taller than the bucket needs.
     if spec.direction == "fwd":
         if params.block_m > max(16, bucket.seqlen_q):
@@ -70,13 +72,23 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # Hopper's wgmma is issued per warp group of 4 warps, 64 rows each: 8 warps on 64 rows
     # split the rows badly. Every such variant in benchmarks/results/sweep-fwd-h200-fp16.json
     # ran at 40-60% of the best one.
-    if space.arch == "sm90" and params.num_warps == 8 and params.block_m < 128:
+    # (Forward only: the backward's 64-row tiles need 8 warps to hold their accumulators without
+    # spilling, benchmarks/results/registers-bwd-sm90.json.)
+    if space.arch == "sm90" and spec.direction == "fwd" and params.num_warps == 8 and params.block_m < 128:
         return "8 warps on sm90 need block_m >= 128 (two 64-row warp groups)"
     return None
 
 
-def space_for(arch: str) -> SearchSpace:
+# The backward: pointer loads only (its template has no descriptor path yet), and short
+# loop steps down to 16 rows, which its register budget favours.
+BWD_SPACES = {
+    arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8), (1, 2, 3), ("pointer",))
+    for arch in SPACES
+}
+
+
+def space_for(arch: str, direction: str = "fwd") -> SearchSpace:
     if arch not in SPACES:
         raise ValueError(f"--arch: no search space for {arch!r}; choose from {', '.join(SPACES)}")
     assert arch in ARCHES
-    return SPACES[arch]
+    return BWD_SPACES[arch] if direction == "bwd" else SPACES[arch]
