@@ -112,9 +112,11 @@ def info(
     if dev is None and not interpreting():
         typer.echo("config: none (no kernel runs on the reference path)")
         return
-    choice = explain(problem, dev)
-    tuned_for = f", tuned for {choice.bucket.key}" if choice.bucket else ""
-    typer.echo(f"config ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): {choice.params.to_dict()}")
+    for direction, label in (("fwd", "config"), ("bwd", "backward config")):
+        choice = explain(problem, dev, direction)
+        tuned_for = f", tuned for {choice.bucket.key}" if choice.bucket else ""
+        typer.echo(f"{label} ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): "
+                   f"{choice.params.to_dict()}")
 
 
 @app.command()

@@ -44,6 +44,7 @@ def test_info_on_cpu():
     assert r.exit_code == 0, r.output
     assert "triton" in r.output and "kernel cache" in r.output
     assert "mask=causal" in r.output and "'block_m': 16" in r.output
+    assert "backward config" in r.output and "'block_n': 16" in r.output.split("backward config")[1]
 
 
 def test_info_rejects_bad_shape():
