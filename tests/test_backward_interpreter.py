@@ -138,3 +138,11 @@ def test_training_script_smoke(tmp_path):
     data = json.loads(out.read_text())
     assert [run["name"] for run in data["runs"]] == ["fa2gen", "sdpa"]
     assert data["max_abs_loss_gap"] < 1e-2  # same seed, same batches: the curves agree
+
+
+def test_double_backward_raises_instead_of_returning_wrong_values():
+    q, k, v = (t.detach().requires_grad_() for t in rand_qkv(1, 2, 2, 20, 20, 32, seed=14))
+    out = fa2gen.attention(q, k, v)
+    (gq,) = torch.autograd.grad(out.float().pow(2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gq.sum().backward()
