@@ -6,6 +6,7 @@ registers heavily is a poor default whatever its tiles promise, and this costs n
 time. Writes JSON and prints one line per variant.
 
 usage: python benchmarks/registers.py --direction bwd --head-dims 64,128,256 --out regs.json
+       python benchmarks/registers.py --direction fwd --loads tma_host --mask none --head-dims 128 --out f.json
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ KERNELS = {"fwd": ("attn_fwd",), "bwd": ("attn_bwd_dkdv", "attn_bwd_dq")}
 POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 
 
-def _signature(fn, constexprs: dict, dtype: str) -> dict:
+def _signature(fn, constexprs: dict, dtype: str, loads: str) -> dict:
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
+        elif name in POINTERS and loads == "tma_host":  # host descriptors: block shape in the type
+            rows = constexprs["BLOCK_M"] if name in ("Q", "O") else constexprs["BLOCK_N"]
+            sig[name] = f"tensordesc<{dtype}[1,1,{rows},{constexprs['HEAD_DIM_PAD']}]>"
         elif name in POINTERS:
             sig[name] = f"*{dtype}"
         elif name in ("LSE", "DELTA"):
@@ -60,7 +64,8 @@ def resources(job) -> dict:
                  else {"OUTER": params.block_m, "INNER": params.block_n})
         constexprs = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": spec.head_dim_padded, **tiles}
         try:
-            kernel = triton.compile(ASTSource(fn, signature=_signature(fn, constexprs, spec.dtype), constexprs=constexprs),
+            kernel = triton.compile(ASTSource(fn, signature=_signature(fn, constexprs, spec.dtype, params.loads),
+                                                      constexprs=constexprs),
                                     target=GPUTarget("cuda", cc, 32),
                                     options={"num_warps": params.num_warps, "num_stages": params.num_stages})
         except Exception as e:  # a variant the compiler rejects is an answer too
@@ -90,20 +95,22 @@ def main() -> None:
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--mask", default="causal")
     ap.add_argument("--arch", default="sm90")
+    ap.add_argument("--loads", default="pointer", choices=("pointer", "tma_host"))
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     cc = int(args.arch[2:])
     jobs = []
-    for d, bm, bn, w, st in itertools.product(map(int, args.head_dims.split(",")), (64, 128), (16, 32, 64), (4, 8),
-                                              (1, 2, 3)):
-        params = TuningParams(bm, bn, w, st, "pointer")
+    steps = (16, 32, 64) if args.direction == "bwd" else (32, 64, 128)  # as in the tuner's spaces
+    for d, bm, bn, w, st in itertools.product(map(int, args.head_dims.split(",")), (64, 128), steps, (4, 8), (1, 2, 3)):
+        params = TuningParams(bm, bn, w, st, args.loads)
         if fits(KernelSpec(direction=args.direction, head_dim=d, mask=args.mask), params, args.arch) is None:
             jobs.append((args.direction, d, args.mask, params.to_dict(), cc))
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(resources, jobs))
     rows = [{"head_dim": j[1], "params": j[3], "kernels": r} for j, r in zip(jobs, results)]
     with open(args.out, "w") as f:
-        json.dump({"arch": args.arch, "direction": args.direction, "mask": args.mask, "rows": rows}, f, indent=1)
+        json.dump({"arch": args.arch, "direction": args.direction, "mask": args.mask, "loads": args.loads,
+                   "rows": rows}, f, indent=1)
     for row in rows:
         p = row["params"]
         cells = "  ".join(f"{k}: " + (v["error"] if "error" in v else

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The backward pass's GPU measurements in one run, each step time-boxed so that one slow
+# step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
+#
+# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests sweep bench memory train;
+#        default all)
+set -uo pipefail
+out=$1
+shift
+steps=${*:-tests sweep bench memory train}
+mkdir -p "$out"
+run() {  # name seconds command...
+  local name=$1 secs=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$out/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+}
+for step in $steps; do
+  case $step in
+    tests) run gpu-tests-backward 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "backward or repeated" ;;
+    sweep) run sweep-bwd 420 python3 benchmarks/sweep.py --direction bwd --head-dims 64,128 --out "$out/sweep-bwd-fp16.json" ;;
+    bench)
+      for dt in fp16 bf16; do
+        run "bench-bwd-$dt" 300 python3 -m fa2gen bench --mode bwd --dtypes "$dt" \
+          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
+          --json "$out/bench-bwd-$dt.json" --markdown "$out/bench-bwd-$dt.md" --png "$out/bench-bwd-$dt.png"
+      done ;;
+    memory) run memory 180 python3 benchmarks/memory.py --out "$out/memory.json" ;;
+    train) run train 420 python3 benchmarks/train_gpt.py --out "$out/train.json" ;;
+    *) echo "unknown step $step" >&2 ;;
+  esac
+done
+cat "$out/summary.txt"
+tail -n 3 "$out"/gpu-tests-backward.log 2>/dev/null
+grep -h geomean "$out"/bench-bwd-*.log 2>/dev/null
+tail -n 6 "$out"/memory.log "$out"/train.log 2>/dev/null
