@@ -43,6 +43,9 @@ def generate(
     num_stages: int = 2,
     loads: Annotated[str, typer.Option(help="pointer, tma_device or tma_host (fwd only)")] = "pointer",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
+    compile_for: Annotated[Optional[str], typer.Option(
+        help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
+             "each kernel's registers, spills and shared memory")] = None,
 ) -> None:
     """Print the rendered Triton source of one kernel variant."""
     from .generator import KernelSpec, SpecError, TuningParams, Variant, render
@@ -54,11 +57,31 @@ def generate(
         source = render(spec, params, name=variant.name)
     except SpecError as e:
         raise typer.BadParameter(str(e)) from None
+    if compile_for:
+        _compile_ahead(spec, params, compile_for)
+        return
     if output:
         output.write_text(source)
         typer.echo(f"wrote {variant.name} to {output}", err=True)
     else:
         typer.echo(source, nl=False)
+
+
+def _compile_ahead(spec, params, arch: str) -> None:
+    from .generator.ahead import compile_for
+    from .generator.arch import ARCHES
+
+    if arch not in ARCHES:
+        raise typer.BadParameter(f"choose from {', '.join(ARCHES)}", param_hint="--compile-for")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise typer.BadParameter("compiling needs TRITON_INTERPRET unset", param_hint="--compile-for")
+    try:
+        found = compile_for(spec, params, arch)
+    except Exception as e:  # the compiler's verdict is the answer
+        typer.echo(f"{arch}: compile failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}", err=True)
+        raise typer.Exit(1)
+    for name, r in found.items():
+        typer.echo(f"{name} ({arch}): {r.registers} registers, {r.spill_bytes} B spilled, {r.shared_bytes} B shared")
 
 
 @app.command()

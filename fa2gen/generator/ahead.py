@@ -1,0 +1,93 @@
+"""Compile a variant for a target arch ahead of time, without a GPU.
+
+Triton compiles to PTX for any target on any machine, and its bundled ptxas assembles
+and reports each kernel's registers and spills. That catches compiler failures and
+register-starved tiles before any GPU time is spent (``fa2gen generate --compile-for``,
+``benchmarks/registers.py``). Needs compiled (not interpreted) Triton: TRITON_INTERPRET
+must be unset when the generated module is first imported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from .cache import interpreting, load_module
+from .spec import KernelSpec, TuningParams
+
+# The kernels of each direction's template, in launch order.
+KERNELS = {"fwd": ("attn_fwd",), "bwd": ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq")}
+_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
+
+
+@dataclass(frozen=True)
+class Resources:
+    registers: int | None
+    spill_bytes: int
+    shared_bytes: int
+
+
+def _signature(fn, constexprs: dict, spec: KernelSpec, params: TuningParams) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _TENSORS and params.loads == "tma_host" and spec.direction == "fwd":
+            rows = params.block_m if name in ("Q", "O") else params.block_n  # host descriptor block shape
+            sig[name] = f"tensordesc<{spec.dtype}[1,1,{rows},{spec.head_dim_padded}]>"
+        elif name in _TENSORS:
+            sig[name] = f"*{spec.dtype}"
+        elif name in ("LSE", "DELTA"):
+            sig[name] = "*fp32"
+        elif name in ("sm_scale", "softcap"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
+    dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
+    if kernel == "attn_fwd":
+        return {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n}
+    if kernel == "attn_bwd_delta":
+        return {**dims, "BLOCK": params.block_m}
+    return {**dims, "OUTER": params.block_m, "INNER": params.block_n}
+
+
+def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> dict[str, Resources]:
+    """Compile every kernel of a variant for ``arch`` (e.g. "sm90", "sm80") and assemble it
+    with ptxas. Raises what the compiler raises; returns each kernel's resources."""
+    if interpreting():
+        raise RuntimeError("compiling ahead needs compiled Triton: unset TRITON_INTERPRET")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cc = int(arch.removeprefix("sm"))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    module = load_module(spec, params)
+    out = {}
+    for name in KERNELS[spec.direction]:
+        fn = getattr(module, name)
+        constexprs = _constexprs(spec, params, name)
+        kernel = triton.compile(ASTSource(fn, signature=_signature(fn, constexprs, spec, params), constexprs=constexprs),
+                                target=GPUTarget("cuda", cc, 32),
+                                options={"num_warps": params.num_warps, "num_stages": params.num_stages})
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"{name}.ptx")
+            with open(path, "w") as f:
+                f.write(kernel.asm["ptx"])
+            gpu = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
+            done = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", path, "-o", os.devnull],
+                                  capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"ptxas failed on {name}: {done.stderr.strip()[:300]}")
+        regs = re.search(r"Used (\d+) registers", done.stderr)
+        spill = re.search(r"(\d+) bytes spill stores", done.stderr)
+        out[name] = Resources(int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else 0,
+                              kernel.metadata.shared)
+    return out
