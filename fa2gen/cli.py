@@ -41,7 +41,7 @@ def generate(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    loads: Annotated[str, typer.Option(help="pointer, tma_device or tma_host (fwd only)")] = "pointer",
+    loads: Annotated[str, typer.Option(help="pointer, tma_host, or tma_device (fwd only)")] = "pointer",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[Optional[str], typer.Option(
         help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "

@@ -20,6 +20,7 @@ FWD = TuningParams(block_m=32, block_n=32, num_warps=4, num_stages=1)
 BWD_POINTS = [
     TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1),
     TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=2),
+    TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, loads="tma_host"),
 ]
 SHAPES = ODD_SHAPES[:4]  # the one-key case adds nothing the decode shape does not
 MASKS = MASK_CASES[:4] + [{"causal": True, "softcap": 3.0, "sm_scale": 0.3}]
@@ -35,7 +36,7 @@ def _grads(q, k, v, problem, params, dout):
     return backward(q, k, v, out, lse, dout, problem, params, dq=dq, dk=dk, dv=dv)
 
 
-@pytest.mark.parametrize("params", BWD_POINTS, ids=lambda p: f"m{p.block_m}n{p.block_n}s{p.num_stages}")
+@pytest.mark.parametrize("params", BWD_POINTS, ids=lambda p: f"m{p.block_m}n{p.block_n}s{p.num_stages}{p.loads}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kw", MASKS, ids=_id)
 def test_backward_matches_reference(params, shape, kw):

@@ -76,7 +76,8 @@ def test_generate_backward():
     assert r.exit_code == 0, r.output
     names = {n.name for n in ast.parse(r.output).body if isinstance(n, ast.FunctionDef)}
     assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= names
-    assert runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_host"]).exit_code == 2
+    assert runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_device"]).exit_code == 2
+    assert ".load([b, h, start_m, 0])" in runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_host"]).output
 
 
 @pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])

@@ -84,17 +84,20 @@ def test_backward_points_render_and_parse(mask):
     for d, softcap in ((64, False), (80, True)):
         spec = KernelSpec(direction="bwd", head_dim=d, mask=mask, softcap=softcap)
         points = param_space(spec)
-        assert points and {p.loads for p in points} == {"pointer"}
-        bodies = set()
+        assert {p.loads for p in points} == {"pointer", "tma_host"}
+        bodies = {}
         for params in points:
             src = render(spec, params, name=Variant(spec, params).name)
-            bodies.add(src.split("\nLOG2E", 1)[1])
-        assert len(bodies) == 1  # tiles, warps and stages are constexpr/launch values
-        tree = ast.parse(src)
-        kernels = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= kernels
-        with pytest.raises(SpecError, match="pointer loads only"):
-            render(spec, TuningParams(loads="tma_host"), name="x")
+            bodies.setdefault(params.loads, set()).add(src.split("\nLOG2E", 1)[1])
+        # tiles, warps and stages are constexpr/launch values: only the load path changes code
+        assert all(len(b) == 1 for b in bodies.values()) and bodies["pointer"] != bodies["tma_host"]
+        for body in (next(iter(b)) for b in bodies.values()):
+            tree = ast.parse(src.split("\nLOG2E", 1)[0] + "\nLOG2E" + body)
+            kernels = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+            assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= kernels
+        assert ".load([b, h, start_m, 0])" in next(iter(bodies["tma_host"]))
+        with pytest.raises(SpecError, match="not in-kernel descriptors"):
+            render(spec, TuningParams(loads="tma_device"), name="x")
 
 
 def test_backward_template_header_lists_knobs():

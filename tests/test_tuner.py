@@ -96,7 +96,7 @@ def test_static_rules():
     assert "shared memory" in prune_reason(SPACES["sm86"], KernelSpec(head_dim=128), B4K, sm86)
     assert prune_reason(SPACES["sm90"], KernelSpec(head_dim=128), B4K, sm86) is None
     bwd, bwd_short = KernelSpec(direction="bwd"), Bucket("bwd", "fp16", 64, "none", False, 1, 32, 32, 64)
-    assert "pointer loads only" in prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 2, "tma_host"))
+    assert "not in-kernel descriptors" in prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 2, "tma_device"))
     assert "longest sequence" in prune_reason(space, bwd, bwd_short, TuningParams(64, 32, 4, 2, "pointer"))
     assert prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 3, "pointer")) is None
     bspace = space_for("sm90", "bwd")
@@ -349,8 +349,9 @@ def test_two_tuners_on_the_same_studies(tmp_path):
 
 
 def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
-    """Backward buckets are their own problems: own grid entries, pointer-only space,
-    stored winners that attention()'s backward lookup finds (and the forward's does not)."""
+    """Backward buckets are their own problems: own grid entries, their own space (no
+    in-kernel descriptors), stored winners that attention()'s backward lookup finds (and
+    the forward's does not)."""
     from fa2gen.runtime.device import DeviceInfo
     from fa2gen.runtime.lookup import choose
     from fa2gen.runtime.problem import Problem
@@ -361,8 +362,8 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     bucket = Bucket("bwd", "bf16", 64, "causal", False, 1, 2048, 2048, 256)
     db, storage, ev, [r] = _tune(tmp_path, [bucket], trials=25,
                                  evaluator=CostModelEvaluator(optimum=TuningParams(128, 32, 4, 3, "pointer")))
-    assert r.best is not None and r.best.loads == "pointer"
-    assert all(p.loads == "pointer" for p in ev.compiled)  # the backward's space has no descriptor loads
+    assert r.best is not None
+    assert {p.loads for p in ev.compiled} <= {"pointer", "tma_host"}  # no in-kernel descriptors in its space
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
     assert db.get(VALID, bucket).params == r.best

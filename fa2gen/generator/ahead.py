@@ -30,13 +30,23 @@ class Resources:
     shared_bytes: int
 
 
+# Rows of each host descriptor's block, per kernel: a program's own tile (block_m) or its
+# loop step (block_n). The delta kernel takes plain pointers.
+_DESCRIPTOR_ROWS = {
+    "attn_fwd": {"Q": "m", "O": "m", "K": "n", "V": "n"},
+    "attn_bwd_dkdv": {"K": "m", "V": "m", "DK": "m", "DV": "m", "Q": "n", "DO": "n"},
+    "attn_bwd_dq": {"Q": "m", "DO": "m", "DQ": "m", "K": "n", "V": "n"},
+}
+
+
 def _signature(fn, constexprs: dict, spec: KernelSpec, params: TuningParams) -> dict:
     sig = {}
+    rows_of = _DESCRIPTOR_ROWS.get(fn.__name__, {}) if params.loads == "tma_host" else {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name in _TENSORS and params.loads == "tma_host" and spec.direction == "fwd":
-            rows = params.block_m if name in ("Q", "O") else params.block_n  # host descriptor block shape
+        elif name in rows_of:
+            rows = params.block_m if rows_of[name] == "m" else params.block_n
             sig[name] = f"tensordesc<{spec.dtype}[1,1,{rows},{spec.head_dim_padded}]>"
         elif name in _TENSORS:
             sig[name] = f"*{spec.dtype}"

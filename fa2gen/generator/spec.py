@@ -126,8 +126,8 @@ def _from_dict(cls, data: Mapping[str, Any]):
 
 def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     """Why ``params`` cannot render for ``spec`` at all (on any arch), or None."""
-    if spec.direction == "bwd" and params.loads != "pointer":
-        return f"the backward template has pointer loads only, not {params.loads}"
+    if spec.direction == "bwd" and params.loads == "tma_device":
+        return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
     return None
 
 

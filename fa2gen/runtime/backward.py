@@ -7,7 +7,7 @@ import torch
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import TuningParams
 from .interpreter import patch_interpreter
-from .launch import window_extents
+from .launch import effective_params, window_extents
 from .problem import Problem
 
 
@@ -35,6 +35,8 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     if interpreting():
         patch_interpreter()
     spec = problem.kernel_spec("bwd")
+    # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
+    params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
     module = load_module(spec, params)
     dp = spec.head_dim_padded
     b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
@@ -55,12 +57,25 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, **dims)
     tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
     scalars = (problem.sm_scale, problem.softcap, left, right)
+    if params.loads == "tma_host":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        def tile(t, rows):
+            return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, dp])
+
+        outer, inner = params.block_m, params.block_n
+        dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
+                     tile(dk, outer), tile(dv, outer))
+        dq_args = (tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer))
+    else:
+        dkdv_args = (q, k, v, dout, lse, delta, dk, dv)
+        dq_args = (q, k, v, dout, lse, delta, dq)
     run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
-        q, k, v, dout, lse, delta, dk, dv,
+        *dkdv_args,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         hkv, problem.group, nq, nk, *scalars, **tiles)
     run(module.attn_bwd_dq, (-(-nq // params.block_m) * b * hq,),
-        q, k, v, dout, lse, delta, dq,
+        *dq_args,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
         hq, problem.group, nq, nk, *scalars, **tiles)
     return dq, dk, dv

@@ -41,16 +41,17 @@ _AMPERE = [
     (256, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
 ]
 
-# Backward (block_m: rows a program owns, block_n: rows its loop steps through), pointer
-# loads. Chosen from register use, not yet from timings: the dK/dV kernel holds two fp32
-# accumulators of block_m x D, and benchmarks/registers.py (results/registers-bwd-sm90.json,
-# ptxas for sm90, no GPU needed) shows which tiles fit. D=64: 128x32 with 8 warps spills
-# nothing; D=128: 64x16 with 8 warps spills 40 B (every 4-warp tile spills 1-7 KB);
-# D=256: every tile spills (64x16, 8 warps, 1 stage least: 2 KB over both kernels).
+# Backward (block_m: rows a program owns, block_n: rows its loop steps through). Chosen
+# from register use, not yet from timings: the dK/dV kernel holds two fp32 accumulators of
+# block_m x D. benchmarks/registers.py (ptxas for sm90, no GPU needed) shows that with
+# pointer loads every tile spills at D=128 with 4 warps (0.5-6 KB) and the least at D=256
+# is 2 KB (results/registers-bwd-sm90.json); with host descriptors the address arithmetic
+# goes and these spill nothing (results/registers-bwd-tma-sm90.json). Tensors that descriptors
+# cannot address run the same tiles with pointers.
 _BWD_SM90 = [
-    (64, TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2)),
-    (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=3)),
-    (256, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=1)),
+    (64, TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host")),
+    (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=3, loads="tma_host")),
+    (256, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=2, loads="tma_host")),
 ]
 _BWD_AMPERE = [
     (64, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
