@@ -19,7 +19,8 @@ run() {  # name seconds command...
 for step in $steps; do
   case $step in
     tests) run gpu-tests-backward 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "backward or repeated" ;;
-    sweep) run sweep-bwd 420 python3 benchmarks/sweep.py --direction bwd --head-dims 64,128 --out "$out/sweep-bwd-fp16.json" ;;
+    sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
+             --out "$out/sweep-bwd-fp16.json" ;;
     bench)
       for dt in fp16 bf16; do
         run "bench-bwd-$dt" 300 python3 -m fa2gen bench --mode bwd --dtypes "$dt" \
