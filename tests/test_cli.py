@@ -162,7 +162,7 @@ def test_export_takes_current_entries_of_one_device(tmp_path):
 
 @pytest.mark.parametrize("args,hint", [(["--sampler", "Brute"], "sampler"), (["--limit", "0"], "limit"),
                                        (["--time-budget", "0"], "time-budget"), (["--workers", "-1"], "workers"),
-                                       (["--trials", "0"], "trials")])
+                                       (["--trials", "0"], "trials"), (["--directions", "fwd,sideways"], "directions")])
 def test_tune_rejects_bad_options_before_anything_else(args, hint):
     r = runner.invoke(app, ["tune", "--arch", "sm90", *args])
     assert r.exit_code == 2 and hint in r.output

@@ -374,3 +374,15 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev, direction: VALID)
     assert choose(problem, device, "bwd").params == r.best
     assert choose(problem, device, "fwd").source != "db"
+
+
+def test_tune_command_body_with_directions(tmp_path):
+    """fa2gen tune's body with --directions bwd tunes backward buckets only (cost model)."""
+    from fa2gen.cli import _run_tune
+    from fa2gen.runtime.device import DeviceInfo
+
+    db = tmp_path / "tuned.sqlite"
+    _run_tune("sm90", DeviceInfo("TEST_GPU", (9, 0), "sm90", 132), CostModelEvaluator(), None, 4, None, db,
+              f"sqlite:///{tmp_path / 'studies.sqlite'}", "tpe", True, 0, 2, "bwd")
+    keys = [e.bucket.key for e in TunedDB(db).entries()]
+    assert len(keys) == 2 and all(k.startswith("bwd/") for k in keys)
