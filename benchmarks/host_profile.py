@@ -27,14 +27,12 @@ from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.generator.cache import load_module
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
-from fa2gen.runtime.launch import effective_params, forward
+from fa2gen.runtime.launch import Launch, effective_params, forward, host_descriptor
 from fa2gen.runtime.problem import make_problem
 from overhead import host_us  # the same loop as overhead.py (this folder is on sys.path when run)
 
 
 def main(out_path):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     case = Case(1, 2, 512, 128, True, "fp16")
     q, k, v = make_inputs(case, torch.device("cuda"))
     pr = make_problem(q, k, v, causal=True)
@@ -45,12 +43,9 @@ def main(out_path):
     out = torch.empty_like(q)
     lse = torch.empty((1, 2, 512), device="cuda", dtype=torch.float32)
     dp = spec.head_dim_padded
-    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, r, dp])
-             for t, r in ((q, params.block_m), (k, params.block_n), (v, params.block_n), (out, params.block_m))]
-    grid = (-(-512 // params.block_m) * 2,)
-    launch = lambda: module.attn_fwd[grid](*descs, lse, 2, 1, 512, 512, pr.sm_scale, 0.0, 1024, 0, HEAD_DIM=128,
-                                           HEAD_DIM_PAD=dp, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
-                                           num_warps=params.num_warps, num_stages=params.num_stages)
+    plan = Launch(pr, params)
+    descs = [host_descriptor(t, r, dp) for t, r in zip((q, k, v, out), plan.rows)]
+    launch = lambda: module.attn_fwd[plan.grid](*descs, lse, *plan.scalars, **plan.constexprs)
     pieces = {
         "attention()": lambda: fa2gen.attention(q, k, v, causal=True),
         "forward()": lambda: forward(q, k, v, pr, params),
@@ -58,7 +53,7 @@ def main(out_path):
         "select_params (incl. device info)": lambda: select_params(pr, cuda_device_info(torch.cuda.current_device())),
         "effective_params": lambda: effective_params(spec, params, q, k, v, out),
         "empty_like + lse empty": lambda: (torch.empty_like(q), torch.empty((1, 2, 512), device="cuda")),
-        "4 TensorDescriptors": lambda: [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, dp]) for t in (q, k, v, out)],
+        "4 TensorDescriptors": lambda: [host_descriptor(t, 64, dp) for t in (q, k, v, out)],
         "Triton launch, prebuilt descriptors": launch,
         "empty CUDA op (torch.zeros_like(1 elem))": lambda: torch.zeros(1, device="cuda"),
     }

@@ -24,7 +24,7 @@ from fa2gen.generator.cache import load_module
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
-from fa2gen.runtime.launch import forward
+from fa2gen.runtime.launch import Launch, forward, host_descriptor
 from fa2gen.runtime.problem import make_problem
 
 CELLS = [
@@ -62,23 +62,12 @@ def host_us(fn, n=300):
 def jit_launch(q, k, v, problem, params):
     """The same tma_host kernel launched by hand through Triton: the floor that fa2gen's
     per-call work sits on."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    spec = problem.kernel_spec()
-    module = load_module(spec, params)
-    dp = spec.head_dim_padded
+    launch = Launch(problem, params)
+    module = load_module(launch.spec, params)
     out = torch.empty_like(q)
     lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
-    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, dp])
-             for t, rows in ((q, params.block_m), (k, params.block_n), (v, params.block_n), (out, params.block_m))]
-    unbounded = problem.seqlen_q + problem.seqlen_k
-    left = unbounded if problem.window_left < 0 else problem.window_left
-    right = unbounded if problem.window_right < 0 else problem.window_right
-    grid = (-(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q,)
-    module.attn_fwd[grid](*descs, lse, problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k,
-                          problem.sm_scale, problem.softcap, left, right, HEAD_DIM=problem.head_dim,
-                          HEAD_DIM_PAD=dp, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
-                          num_warps=params.num_warps, num_stages=params.num_stages)
+    descs = [host_descriptor(t, r, launch.spec.head_dim_padded) for t, r in zip((q, k, v, out), launch.rows)]
+    module.attn_fwd[launch.grid](*descs, lse, *launch.scalars, **launch.constexprs)
     return out
 
 

@@ -7,7 +7,7 @@ import torch
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import TuningParams
 from .interpreter import patch_interpreter
-from .launch import effective_params, window_extents
+from .launch import effective_params, host_descriptor, window_extents
 from .problem import Problem
 
 
@@ -58,10 +58,8 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
     scalars = (problem.sm_scale, problem.softcap, left, right)
     if params.loads == "tma_host":
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         def tile(t, rows):
-            return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, dp])
+            return host_descriptor(t, rows, dp)
 
         outer, inner = params.block_m, params.block_n
         dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,

@@ -54,6 +54,14 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
+def host_descriptor(t: torch.Tensor, rows: int, head_dim_padded: int):
+    """A host tensor descriptor over a whole (B, H, N, D) tensor with (rows x head_dim_padded)
+    blocks: rows past N and columns past D read as zero and are not written."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim_padded])
+
+
 def window_extents(problem: Problem) -> tuple[int, int]:
     """The (left, right) window as the kernels take it. Unbounded (or larger-than-the-problem)
     extents become a distance no row can exceed; clamping also keeps the kernels' 32-bit
@@ -91,8 +99,8 @@ class Launch:
             num_warps=params.num_warps,
             num_stages=params.num_stages,
         )
-        # Descriptor block shapes of q, k, v and out.
-        self.rows = tuple([1, 1, r, dp] for r in (params.block_m, params.block_n, params.block_n, params.block_m))
+        # Descriptor block rows of q, k, v and out.
+        self.rows = (params.block_m, params.block_n, params.block_n, params.block_m)
         self._fallback = None
 
     def fallback(self) -> "Launch":
@@ -110,9 +118,8 @@ class Launch:
             self.module = load_module(self.spec, self.params)
         kernel = self.module.attn_fwd
         if self.params.loads == "tma_host":
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            args = [TensorDescriptor(t, list(t.shape), list(t.stride()), r) for t, r in zip((q, k, v, out), self.rows)]
+            dp = self.spec.head_dim_padded
+            args = [host_descriptor(t, r, dp) for t, r in zip((q, k, v, out), self.rows)]
             args.append(lse)
         else:
             if self.params.loads == "tma_device" and q.device.type == "cuda":
