@@ -223,6 +223,8 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out, mode) ->
         for case in cases:
             progress.update(task, description=case.label())
             results.append(run_case(case, names, device, seed=seed, mode=mode))
+            if json_out:  # after every case, so that a run cut short keeps what it measured
+                report.write_json(json_out, results, environment(device), names)
             progress.advance(task)
     header, rows = report.ratio_rows(results, names)
     table = Table(title=f"TFLOP/s ({mode}) on {environment(device)['device']}; xNAME = fa2gen / NAME")
@@ -428,6 +430,9 @@ def export_(
     output: Annotated[Path, typer.Option("--output", "-o", help="YAML file to write")],
     device: Annotated[Optional[str], typer.Option(help="device to export (needed if the DB has several)")] = None,
     triton_version: Annotated[Optional[str], typer.Option("--triton", help="Triton version (default: installed)")] = None,
+    torch_version: Annotated[Optional[str], typer.Option(
+        "--torch", help="torch version recorded in the file (default: installed; give the tuning machine's "
+                        "when exporting elsewhere)")] = None,
     db: Annotated[Optional[Path], typer.Option(help="results database")] = None,
 ) -> None:
     """Write tuned entries of one device as a tuned-config YAML file.
@@ -460,7 +465,7 @@ def export_(
         typer.echo(f"fa2gen export: entries for several devices: {listed}; pick one with --device", err=True)
         raise typer.Exit(1)
     try:
-        text = dump(entries, arch=arch, fa2gen_version=__version__, torch_version=torch.__version__)
+        text = dump(entries, arch=arch, fa2gen_version=__version__, torch_version=torch_version or torch.__version__)
     except RecordError as e:
         typer.echo(f"fa2gen export: {e}", err=True)
         raise typer.Exit(1)
