@@ -160,6 +160,21 @@ def test_export_takes_current_entries_of_one_device(tmp_path):
     assert r.exit_code == 0
 
 
+def test_export_records_the_tuning_machines_torch(tmp_path):
+    """Exporting on another machine than the tuning one: --torch names the tuning machine's."""
+    src, yml = tmp_path / "a.sqlite", tmp_path / "o.yaml"
+    _db_with_entries(src)
+    r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src), "--torch", "2.11.0+cu130"])
+    assert r.exit_code == 0, r.output
+    from fa2gen.store.yamlfile import read
+
+    assert read(yml).meta["torch"] == "2.11.0+cu130"
+    for bad in ("2.11\n!!python/object:os.system", "x" * 65):  # header values obey the reader's rules
+        r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(tmp_path / "bad.yaml"), "--db", str(src),
+                                "--torch", bad])
+        assert r.exit_code == 1 and "torch" in r.output and not (tmp_path / "bad.yaml").exists()
+
+
 @pytest.mark.parametrize("args,hint", [(["--sampler", "Brute"], "sampler"), (["--limit", "0"], "limit"),
                                        (["--time-budget", "0"], "time-budget"), (["--workers", "-1"], "workers"),
                                        (["--trials", "0"], "trials"), (["--directions", "fwd,sideways"], "directions")])

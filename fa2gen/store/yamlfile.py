@@ -180,7 +180,8 @@ def dump(entries: list[Entry], *, arch: str, fa2gen_version: str, torch_version:
         "capability": first.capability,
         "arch": arch,
         "triton": first.triton,
-        "torch": str(torch_version),  # torch.__version__ is a str subclass yaml cannot represent
+        # str(): torch.__version__ is a str subclass yaml cannot represent; checked as on reading
+        "torch": _text("torch", str(torch_version)),
         "template_hash": hashes,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "entries": [
