@@ -94,7 +94,7 @@ def run(name, attention, cfg, data, device, dtype):
         if step >= cfg["warmup"]:  # compile and first-call costs excluded from throughput
             elapsed += time.perf_counter() - t0
             tokens += x.numel()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 50 == 0:
             print(f"{name} step {step}: loss {losses[-1]:.4f}", flush=True)
     return {"name": name, "losses": losses, "tokens_per_s": tokens / elapsed if elapsed else float("nan")}

@@ -28,6 +28,8 @@ _CHILD = textwrap.dedent("""
     print(json.dumps(out))
 """)
 
+SPILL_LIMIT = {"fwd": 1024, "bwd": 1536}  # bytes per thread; see the test below
+
 CASES = [
     ("sm90", "fwd", 128, "none", False),
     ("sm90", "fwd", 96, "local", True),
@@ -50,9 +52,13 @@ def test_defaults_compile_for_sm90_and_sm80():
         assert set(kernels) == expected
         for name, (registers, spill) in kernels.items():
             assert 0 < registers <= 255, (arch, direction, d, name)
-            # The fastest measured D=128 forward spills 104 B; tiles spilling 2 KB ran at a
-            # third of its speed (docs/perf-notes.md). A default must stay well clear of that.
-            assert spill <= 1024, f"{arch} {direction} D={d} {name}: default spills {spill} B"
+            # Forward: the fastest measured D=128 tile spills 104 B; tiles spilling 2 KB ran at
+            # a third of its speed (docs/perf-notes.md). Backward: the measured winners spill
+            # 800-900 B in dK/dV (D=128 causal, D=64 causal) and beat every spill-free tile
+            # by 1.2-3.5x (perf-notes v11), while window + softcap variants of the same tiles
+            # spill up to 1.1 KB. Either way a default must stay clear of 2 KB.
+            limit = SPILL_LIMIT[direction]
+            assert spill <= limit, f"{arch} {direction} D={d} {name}: default spills {spill} B > {limit}"
 
 
 def test_compile_for_refuses_under_the_interpreter():

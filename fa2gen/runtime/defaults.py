@@ -41,18 +41,21 @@ _AMPERE = [
     (256, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
 ]
 
-# Backward (block_m: rows a program owns, block_n: rows its loop steps through). Chosen
-# from register use, not yet from timings: the dK/dV kernel holds two fp32 accumulators of
-# block_m x D. benchmarks/registers.py (ptxas for sm90, no GPU needed) shows that with
-# pointer loads every tile spills at D=128 with 4 warps (0.5-6 KB) and the least at D=256
-# is 2 KB (results/registers-bwd-sm90.json); with host descriptors the address arithmetic
-# goes and these spill nothing (results/registers-bwd-tma-sm90.json). Tensors that descriptors
-# cannot address run the same tiles with pointers.
+# Backward (block_m: rows a program owns, block_n: rows its loop steps through). On sm90
+# these are the winners of the H200 tuning runs of the backward buckets (fp16 and bf16,
+# D 64/128/256, causal on and off, N 512-16k; benchmarks/results/tuning/): at D=64, 4 warps
+# with 4 stages and host descriptors (3 stages and pointers when causal) won the bf16
+# buckets once the space held 4-5 stages, 1.14-1.32x over 8 warps; at D=128, 128 x 32 with
+# 8 warps, 3 stages and pointers won 19 of 24 buckets; at D=256, 16 x 32 with 4 warps and
+# host descriptors won all 12. The spill-free tiles first picked from ptxas register counts
+# alone (64 x 16, host descriptors) ran 2.1-3.5x slower at D=128: 16-row matmuls cost more
+# than the spills they avoid. Ampere keeps those register-based picks.
 _BWD_SM90 = [
-    (64, TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host")),
-    (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=3, loads="tma_host")),
-    (256, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=2, loads="tma_host")),
+    (64, TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=4, loads="tma_host")),
+    (128, TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3)),
+    (256, TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=2, loads="tma_host")),
 ]
+_BWD_SM90_CAUSAL = [(64, TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=3))]
 _BWD_AMPERE = [
     (64, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
     (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=2)),
@@ -90,6 +93,8 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
         if arch == "cpu":
             return _BWD_INTERPRETER
         table = _BWD_SM90 if arch == "sm90" else _BWD_AMPERE
+        if arch == "sm90" and spec.mask == "causal" and spec.head_dim_padded <= _BWD_SM90_CAUSAL[-1][0]:
+            table = _BWD_SM90_CAUSAL
         return shrink_to_fit(spec, next(p for bound, p in table if spec.head_dim_padded <= bound), arch)
     if arch == "cpu":
         params = _INTERPRETER

@@ -82,7 +82,8 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 # The backward: pointer loads or host descriptors (no in-kernel ones), and short loop steps
 # down to 16 rows, which its register budget favours.
 BWD_SPACES = {
-    arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8), (1, 2, 3),
+    arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8),
+                      (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",))
     for arch in SPACES
 }
