@@ -1,6 +1,8 @@
-"""Write docs/benchmarks.md from the committed forward benchmark JSON files.
+"""Write docs/benchmarks.md from the committed benchmark JSON files.
 
-Usage: python benchmarks/tables.py benchmarks/results/bench-fwd-fp16.json ... > docs/benchmarks.md
+Usage: python benchmarks/tables.py benchmarks/results/bench-fwd-fp16.json ... [--memory M.json] [--train T.json]
+       > docs/benchmarks.md
+A bench file's sidecar ``NAME.note.md``, where present, is printed under its table.
 """
 
 from __future__ import annotations
@@ -53,62 +55,132 @@ def tuned_section(path: Path) -> str:
     from fa2gen.store.yamlfile import read
 
     cfg = read(path)
-    square = [e for e in cfg.entries if e.bucket.seqlen_q == e.bucket.seqlen_k]
-    short = [e for e in cfg.entries if e.bucket.seqlen_q != e.bucket.seqlen_k]
+    fwd = [e for e in cfg.entries if e.bucket.direction == "fwd"]
+    square = [e for e in fwd if e.bucket.seqlen_q == e.bucket.seqlen_k]
+    short = [e for e in fwd if e.bucket.seqlen_q != e.bucket.seqlen_k]
+    bwd = [e for e in cfg.entries if e.bucket.direction == "bwd"]
     lines = [f"`{path.relative_to(Path.cwd())}`: {len(cfg.entries)} buckets, device {cfg.meta['device']}, "
              f"triton {cfg.meta['triton']}, torch {cfg.meta['torch']}, {cfg.meta['date'][:10]}. "
              "Speedup = the default config's median time over the tuned config's, both measured in the bucket's study "
-             "(representative problem, do_bench median, L2 flushed).\n"]
-    for name, group in (("canonical square buckets (N = 512 ... 16k)", square),
-                        ("short-query buckets (Nq = 1 ... 256, Nk = 8192)", short)):
+             "(representative problem, do_bench median, L2 flushed), against the default of the day the bucket was "
+             "tuned.\n"]
+    for name, group in (("forward, canonical square buckets (N = 512 ... 16k)", square),
+                        ("forward, short-query buckets (Nq = 1 ... 256, Nk = 8192)", short),
+                        ("backward, canonical square buckets (N = 512 ... 16k)", bwd)):
         ups = [e.speedup for e in group if e.speedup]
         if ups:
             lines.append(f"- {name}: {len(group)} buckets, geomean speedup over the default **{geomean(ups):.3f}**, "
                          f"{sum(u > 1.02 for u in ups)} above 1.02, best {max(ups):.2f}")
+    key = lambda e: (e.bucket.direction, e.bucket.dtype, e.bucket.head_dim, e.bucket.mask, e.bucket.seqlen_q)
     lines += ["", "| bucket | tuned config | TFLOP/s | vs default |", "|---|---|---|---|"]
-    for e in sorted(short, key=lambda e: (e.bucket.dtype, e.bucket.head_dim, e.bucket.mask, e.bucket.seqlen_q)):
+    for e in sorted(short + bwd, key=key):
         lines.append(f"| {e.bucket.key} | {_params(e.params)} | {e.measurement.tflops:.0f} | {e.speedup:.2f} |")
     return "\n".join(lines)
 
 
-def main(paths: list[str]) -> None:
-    print("# Forward benchmarks\n")
+MODE_TITLES = {"fwd": "Forward", "bwd": "Backward (the backward pass alone)", "fwd+bwd": "Forward + backward"}
+
+
+def _comparisons(results, providers) -> list[str]:
+    lines = []
+    for mine in ("fa2gen", "fa2gen-default"):
+        for other in providers:
+            both = [r for r in results if mine in r.tflops and other in r.tflops and other != mine]
+            if both:
+                wins = sum(r.tflops[mine] >= r.tflops[other] for r in both)
+                ratio = geomean([r.tflops[mine] / r.tflops[other] for r in both])
+                lines.append(f"- {mine} / {other}: geomean {ratio:.3f}, at or above on {wins} of {len(both)} cells")
+    return lines
+
+
+def bench_section(path: str) -> None:
+    env, providers, results = read_json(path)
+    dtypes = sorted({r.case.dtype for r in results})
+    modes = sorted({r.mode for r in results})
+    title = " / ".join(MODE_TITLES.get(m, m) for m in modes)
+    print(f"## {title}: {', '.join(dtypes)} on {env['device']} ({env['date'][:10]})\n")
+    print(f"torch {env['torch']}, triton {env['triton']}, fa2gen {env['fa2gen']}. Source: `{path}`.\n")
+    print(markdown(results, providers))
+    print()
+    print("\n".join(_comparisons(results, providers)))
+    note = Path(path).with_suffix(".note.md")
+    if note.exists():
+        print("\n" + note.read_text().strip())
+    png = Path(path).with_suffix(".png")
+    if png.exists():
+        print(f"\n![TFLOP/s against sequence length](../{png})")
+    print()
+    for provider in ("fa2gen-default", "fa2gen"):
+        section = anchor_section(results, provider) if modes == ["fwd"] else ""
+        if section:
+            print(f"### {provider} against the Triton tutorial's reference figures "
+                  f"(`{ANCHORS.relative_to(Path.cwd())}`)\n")
+            print(json.loads(ANCHORS.read_text())["about"] + "\n")
+            print(section)
+            print()
+
+
+def memory_section(path: str) -> None:
+    data = json.loads(Path(path).read_text())
+    print(f"## Peak memory of forward + backward ({data['device']}, {data['shape']})\n")
+    print("`torch.cuda.max_memory_allocated` above the inputs during one forward and backward pass "
+          f"(`benchmarks/memory.py`; source `{path}`). SDPA's math backend materialises the N x N scores.\n")
+    print("| N | fa2gen MiB | fa2gen KiB per token | SDPA math MiB |")
+    print("|---|---|---|---|")
+    for row in data["rows"]:
+        math = row["sdpa-math"]
+        math = f"{math / 2**20:.0f}" if isinstance(math, int) else math
+        print(f"| {row['seqlen']} | {row['fa2gen'] / 2**20:.1f} | {row['fa2gen'] / row['seqlen'] / 1024:.2f} | {math} |")
+    per_token = [row["fa2gen"] / row["seqlen"] for row in data["rows"]]
+    print(f"\nfa2gen's peak per token varies by a factor of {max(per_token) / min(per_token):.3f} from N = "
+          f"{data['rows'][0]['seqlen']} to {data['rows'][-1]['seqlen']}: linear in N.\n")
+
+
+def train_section(path: str) -> None:
+    data = json.loads(Path(path).read_text())
+    cfg, runs = data["config"], {r["name"]: r for r in data["runs"]}
+    print(f"## Training check ({data['device']})\n")
+    print(f"`benchmarks/train_gpt.py` (source `{path}`): a GPT-style model, {cfg['layers']} layers, width {cfg['dim']}, "
+          f"{cfg['heads']} heads, sequence {cfg['seq']}, batch {cfg['batch']}, vocabulary {cfg['vocab']}, bf16 autocast, "
+          f"AdamW lr {cfg['lr']}, random init, synthetic tokens from a fixed sparse Markov chain; {cfg['steps']} steps "
+          "with fa2gen's causal attention and with SDPA's, same seed and batches.\n")
+    a, b = runs["fa2gen"]["losses"], runs["sdpa"]["losses"]
+    print("| step | fa2gen loss | SDPA loss |")
+    print("|---|---|---|")
+    for i in list(range(0, len(a), max(1, len(a) // 10))) + [len(a) - 1]:
+        print(f"| {i} | {a[i]:.4f} | {b[i]:.4f} |")
+    final = data["final_loss_mean_last_10pct"]
+    print(f"\nLargest gap between the curves: {data['max_abs_loss_gap']:.4f} (initial loss {data['initial_loss']:.3f}, "
+          f"uniform {data['uniform_loss']:.3f}); final loss (mean of the last 10%): fa2gen {final['fa2gen']:.4f}, "
+          f"SDPA {final['sdpa']:.4f}. Throughput after {cfg['warmup']} warm-up steps: fa2gen "
+          f"{runs['fa2gen']['tokens_per_s']:,.0f} tokens/s, SDPA {runs['sdpa']['tokens_per_s']:,.0f} "
+          f"({runs['fa2gen']['tokens_per_s'] / runs['sdpa']['tokens_per_s']:.2f}x).\n")
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bench", nargs="+")
+    ap.add_argument("--memory")
+    ap.add_argument("--train")
+    args = ap.parse_args(argv)
+    print("# Benchmarks\n")
     print("Generated by `benchmarks/tables.py` from the JSON files in `benchmarks/results/` (written by "
           "`fa2gen bench --json`). TFLOP/s are medians of `triton.testing.do_bench` (warm, L2 flushed) on fresh "
-          "random normal inputs; forward FLOPs = 4·B·H·N²·D, halved when causal. Columns `xNAME` are fa2gen's "
-          "TFLOP/s over NAME's in the same run: cuDNN = SDPA CUDNN_ATTENTION, FA2 = SDPA FLASH_ATTENTION, "
+          "random normal inputs; forward FLOPs = 4·B·H·N²·D, halved when causal; the backward counts 2.5x the "
+          "forward's and is timed alone (gradients of a forward run outside the timing). Columns `xNAME` are "
+          "fa2gen's TFLOP/s over NAME's in the same run: cuDNN = SDPA CUDNN_ATTENTION, FA2 = SDPA FLASH_ATTENTION, "
           "mem-eff = SDPA EFFICIENT_ATTENTION, Flex = compiled FlexAttention, default = fa2gen with its heuristic "
           "default configs (no tuned lookup). `fa2gen` is `fa2gen.attention()` as users call it: the shipped tuned "
           "configs (`tuned_configs/`) where they apply. Grid: B·N = 16k tokens, H = 2048 / D. "
           "docs/perf-notes.md says which version of the code each run measured.\n")
-    for path in paths:
-        env, providers, results = read_json(path)
-        dtypes = sorted({r.case.dtype for r in results})
-        print(f"## {', '.join(dtypes)} on {env['device']} ({env['date'][:10]})\n")
-        print(f"torch {env['torch']}, triton {env['triton']}, fa2gen {env['fa2gen']}. Source: `{path}`.\n")
-        print(markdown(results, providers))
-        print()
-        for mine in ("fa2gen", "fa2gen-default"):
-            for other in providers:
-                both = [r for r in results if mine in r.tflops and other in r.tflops and other != mine]
-                if both:
-                    wins = sum(r.tflops[mine] >= r.tflops[other] for r in both)
-                    ratio = geomean([r.tflops[mine] / r.tflops[other] for r in both])
-                    print(f"- {mine} / {other}: geomean {ratio:.3f}, at or above on {wins} of {len(both)} cells")
-        png = Path(path).with_suffix(".png")
-        if png.exists():
-            print(f"\n![TFLOP/s against sequence length](../{png})")
-        print()
-        for provider in ("fa2gen-default", "fa2gen"):
-            section = anchor_section(results, provider)
-            if section:
-                print(f"### {provider} against the Triton tutorial's reference figures "
-                      f"(`{ANCHORS.relative_to(Path.cwd())}`)\n")
-                print(json.loads(ANCHORS.read_text())["about"] + "\n")
-                print(section)
-                print()
-
-
+    for path in args.bench:
+        bench_section(path)
+    if args.memory:
+        memory_section(args.memory)
+    if args.train:
+        train_section(args.train)
     if SHIPPED.exists():
         print("## Shipped tuned configs against the defaults (tuner's own measurements)\n")
         print(tuned_section(SHIPPED))
