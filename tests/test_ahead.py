@@ -20,23 +20,27 @@ _CHILD = textwrap.dedent("""
     from fa2gen.generator.spec import KernelSpec
     from fa2gen.runtime.defaults import default_params
     out = []
-    for arch, direction, d, mask, softcap in json.loads(sys.argv[1]):
+    for arch, direction, d, mask, softcap, dq_mode in json.loads(sys.argv[1]):
         spec = KernelSpec(direction=direction, head_dim=d, mask=mask, softcap=softcap)
-        params = default_params(spec, arch, 4096)
+        params = default_params(spec, arch, 4096).replace(dq_mode=dq_mode)
         res = compile_for(spec, params, arch)
-        out.append([arch, direction, d, {k: [r.registers, r.spill_bytes] for k, r in res.items()}])
+        out.append([arch, direction, d, dq_mode, {k: [r.registers, r.spill_bytes] for k, r in res.items()}])
     print(json.dumps(out))
 """)
 
 SPILL_LIMIT = {"fwd": 1024, "bwd": 1536}  # bytes per thread; see the test below
 
+# (arch, direction, head dim, mask, softcap, dq_mode): the defaults, and the defaults with
+# dQ added by atomics, which the tuner may pick.
 CASES = [
-    ("sm90", "fwd", 128, "none", False),
-    ("sm90", "fwd", 96, "local", True),
-    ("sm90", "bwd", 128, "causal", False),
-    ("sm90", "bwd", 80, "local", True),
-    ("sm80", "fwd", 64, "causal", False),
-    ("sm80", "bwd", 64, "none", False),
+    ("sm90", "fwd", 128, "none", False, "separate"),
+    ("sm90", "fwd", 96, "local", True, "separate"),
+    ("sm90", "bwd", 128, "causal", False, "separate"),
+    ("sm90", "bwd", 80, "local", True, "separate"),
+    ("sm90", "bwd", 64, "none", False, "atomic"),
+    ("sm80", "fwd", 64, "causal", False, "separate"),
+    ("sm80", "bwd", 64, "none", False, "separate"),
+    ("sm80", "bwd", 128, "causal", False, "atomic"),
 ]
 
 
@@ -47,9 +51,10 @@ def test_defaults_compile_for_sm90_and_sm80():
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(results) == len(CASES)
-    for arch, direction, d, kernels in results:
-        expected = {"fwd": {"attn_fwd"}, "bwd": {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"}}[direction]
-        assert set(kernels) == expected
+    for arch, direction, d, dq_mode, kernels in results:
+        expected = {"fwd": {"attn_fwd"}, "bwd": {"attn_bwd_delta", "attn_bwd_dkdv",
+                                                 "attn_bwd_dq" if dq_mode == "separate" else "attn_bwd_dq_store"}}
+        assert set(kernels) == expected[direction]
         for name, (registers, spill) in kernels.items():
             assert 0 < registers <= 255, (arch, direction, d, name)
             # Forward: the fastest measured D=128 tile spills 104 B; tiles spilling 2 KB ran at

@@ -21,6 +21,9 @@ BWD_POINTS = [
     TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1),
     TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=2),
     TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, loads="tma_host"),
+    # dQ added from the dK/dV kernel with atomics, on both load paths
+    TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic"),
+    TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=2, loads="tma_host", dq_mode="atomic"),
 ]
 SHAPES = ODD_SHAPES[:4]  # the one-key case adds nothing the decode shape does not
 MASKS = MASK_CASES[:4] + [{"causal": True, "softcap": 3.0, "sm_scale": 0.3}]
@@ -36,7 +39,7 @@ def _grads(q, k, v, problem, params, dout):
     return backward(q, k, v, out, lse, dout, problem, params, dq=dq, dk=dk, dv=dv)
 
 
-@pytest.mark.parametrize("params", BWD_POINTS, ids=lambda p: f"m{p.block_m}n{p.block_n}s{p.num_stages}{p.loads}")
+@pytest.mark.parametrize("params", BWD_POINTS, ids=lambda p: p.label().replace(" ", "-"))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kw", MASKS, ids=_id)
 def test_backward_matches_reference(params, shape, kw):
@@ -98,6 +101,32 @@ def test_deterministic_flag_is_checked():
     q, k, v = rand_qkv(1, 2, 2, 8, 8, 32)
     with pytest.raises(TypeError, match="deterministic"):
         fa2gen.attention(q, k, v, deterministic=1)
+
+
+@pytest.mark.parametrize("how", ["flag", "torch", "neither"])
+def test_deterministic_mode_never_runs_atomic_dq(monkeypatch, how):
+    """A tuned config may add dQ with atomics; deterministic=True, or torch's global
+    deterministic switch, runs dQ in its own kernel instead."""
+    import fa2gen.runtime.autograd as autograd
+
+    atomic = TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic")
+    monkeypatch.setattr(autograd, "select_params", lambda problem, dev, direction: atomic)
+    seen = []
+    real = autograd.backward
+
+    def spy(*args, **kwargs):
+        seen.append(args[7].dq_mode)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(autograd, "backward", spy)
+    q, k, v = (t.requires_grad_() for t in rand_qkv(1, 2, 1, 21, 30, 32, seed=14))
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: how == "torch")
+    out = fa2gen.attention(q, k, v, causal=True, deterministic=how == "flag")
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(15)).to(out.dtype)
+    out.backward(dout)
+    assert seen == ["atomic" if how == "neither" else "separate"]
+    problem = make_problem(q, k, v, causal=True)
+    assert check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad).ok
 
 
 def test_backward_against_fp64_reference():

@@ -70,6 +70,9 @@ def test_template_header_lists_knobs():
     head = template_source("fwd").split("import triton")[0]
     for knob in ("mask", "softcap", "loads", "pad_head", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages"):
         assert knob in head
+    head = template_source("bwd").split("import triton")[0]
+    for knob in ("mask", "softcap", "loads", "pad_head", "dq_mode", "OUTER", "INNER", "num_warps", "num_stages"):
+        assert knob in head
 
 
 def test_render_rejects_unvalidated_input():
@@ -85,19 +88,25 @@ def test_backward_points_render_and_parse(mask):
         spec = KernelSpec(direction="bwd", head_dim=d, mask=mask, softcap=softcap)
         points = param_space(spec)
         assert {p.loads for p in points} == {"pointer", "tma_host"}
+        assert {p.dq_mode for p in points} == {"separate", "atomic"}
         bodies = {}
         for params in points:
             src = render(spec, params, name=Variant(spec, params).name)
-            bodies.setdefault(params.loads, set()).add(src.split("\nLOG2E", 1)[1])
-        # tiles, warps and stages are constexpr/launch values: only the load path changes code
-        assert all(len(b) == 1 for b in bodies.values()) and bodies["pointer"] != bodies["tma_host"]
-        for body in (next(iter(b)) for b in bodies.values()):
+            bodies.setdefault((params.loads, params.dq_mode), set()).add(src.split("\nLOG2E", 1)[1])
+        # tiles, warps and stages are constexpr/launch values: only the load path and the
+        # dQ mode change code
+        assert all(len(b) == 1 for b in bodies.values()) and len({next(iter(b)) for b in bodies.values()}) == 4
+        for (loads, dq_mode), body in ((key, next(iter(b))) for key, b in bodies.items()):
             tree = ast.parse(src.split("\nLOG2E", 1)[0] + "\nLOG2E" + body)
             kernels = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-            assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= kernels
-        assert ".load([b, h, start_m, 0])" in next(iter(bodies["tma_host"]))
+            dq_kernel = "attn_bwd_dq" if dq_mode == "separate" else "attn_bwd_dq_store"
+            assert {"attn_bwd_delta", "attn_bwd_dkdv", dq_kernel} <= kernels
+            assert ("tl.atomic_add" in body) == (dq_mode == "atomic")
+        assert ".load([b, h, start_m, 0])" in next(iter(bodies["tma_host", "separate"]))
         with pytest.raises(SpecError, match="not in-kernel descriptors"):
             render(spec, TuningParams(loads="tma_device"), name="x")
+    with pytest.raises(SpecError, match="backward knob"):
+        render(KernelSpec(head_dim=64), TuningParams(dq_mode="atomic"), name="x")
 
 
 def test_backward_template_header_lists_knobs():

@@ -71,7 +71,9 @@ def test_db_refuses_newer_schema_and_non_databases(tmp_path):
 
 
 def test_yaml_round_trip():
-    entries = [entry(), entry(bucket=Bucket("fwd", "fp16", 64, "causal", False, 1, 512, 512, 1024), default_ms=None)]
+    entries = [entry(), entry(bucket=Bucket("fwd", "fp16", 64, "causal", False, 1, 512, 512, 1024), default_ms=None),
+               entry(bucket=Bucket("bwd", "bf16", 128, "none", False, 1, 4096, 4096, 64),
+                     params=TuningParams(128, 32, 8, 3, "pointer", "atomic"))]
     text = dump(entries, arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0")
     cfg = parse(text)
     assert cfg.arch == "sm90" and cfg.meta["device"] == "NVIDIA_H200"
@@ -107,6 +109,11 @@ def _doc(**changes):
          "block_m"),
         (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer",
                             "extra": 1}), "unknown"),
+        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer",
+                            "dq_mode": "atomic\nimport os"}), "dq_mode"),
+        # a backward knob on a forward bucket: would not render, so it is not data we accept
+        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer",
+                            "dq_mode": "atomic"}), "backward knob"),
         (_doc(entry_median_ms=float("nan")), "median_ms"),
         (_doc(entry_median_ms=-1.0), "median_ms"),
         (_doc(entry_trials=True), "trials"),

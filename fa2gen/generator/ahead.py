@@ -18,8 +18,15 @@ from dataclasses import dataclass
 from .cache import interpreting, load_module
 from .spec import KernelSpec, TuningParams
 
-# The kernels of each direction's template, in launch order.
+# The kernels a variant launches, in order.
 KERNELS = {"fwd": ("attn_fwd",), "bwd": ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq")}
+KERNELS_DQ_ATOMIC = ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_store")
+
+
+def kernels_of(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
+    if spec.direction == "bwd" and params.dq_mode == "atomic":
+        return KERNELS_DQ_ATOMIC
+    return KERNELS[spec.direction]
 _TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 
 
@@ -50,7 +57,7 @@ def _signature(fn, constexprs: dict, spec: KernelSpec, params: TuningParams) -> 
             sig[name] = f"tensordesc<{spec.dtype}[1,1,{rows},{spec.head_dim_padded}]>"
         elif name in _TENSORS:
             sig[name] = f"*{spec.dtype}"
-        elif name in ("LSE", "DELTA"):
+        elif name in ("LSE", "DELTA", "DQACC"):
             sig[name] = "*fp32"
         elif name in ("sm_scale", "softcap"):
             sig[name] = "fp32"
@@ -63,7 +70,7 @@ def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
     dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
     if kernel == "attn_fwd":
         return {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n}
-    if kernel == "attn_bwd_delta":
+    if kernel in ("attn_bwd_delta", "attn_bwd_dq_store"):
         return {**dims, "BLOCK": params.block_m}
     return {**dims, "OUTER": params.block_m, "INNER": params.block_n}
 
@@ -81,7 +88,7 @@ def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> d
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     module = load_module(spec, params)
     out = {}
-    for name in KERNELS[spec.direction]:
+    for name in kernels_of(spec, params):
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
         kernel = triton.compile(ASTSource(fn, signature=_signature(fn, constexprs, spec, params), constexprs=constexprs),

@@ -53,7 +53,10 @@ class Variant:
         if s.softcap:
             parts.append("softcap")
         parts += [f"{tag}{getattr(p, field)}" for field, tag in _TAGS.items()]
-        parts += [p.loads, self.digest]
+        parts.append(p.loads)
+        if s.direction == "bwd":
+            parts.append(f"dq{p.dq_mode}")
+        parts.append(self.digest)
         return "_".join(parts)
 
 

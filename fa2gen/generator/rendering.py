@@ -56,4 +56,5 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
         mask=spec.mask,
         softcap=spec.softcap,
         loads=params.loads,
+        dq_atomic=params.dq_mode == "atomic",
     )

@@ -17,6 +17,7 @@ DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
 LOADS = ("pointer", "tma_device", "tma_host")
 TMA_LOADS = ("tma_device", "tma_host")
+DQ_MODES = ("separate", "atomic")
 HEAD_DIMS = tuple(range(16, 257, 8))
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 NUM_WARPS = (1, 2, 4, 8, 16)
@@ -88,6 +89,9 @@ class TuningParams:
         descriptors (sm90+, 16-byte aligned bases and strides) built in the kernel
         ("tma_device", which needs a Triton allocator for their scratch) or on the
         host ("tma_host", which costs a descriptor encode per tensor per launch).
+    dq_mode (backward only): "separate" computes dQ in its own kernel, which recomputes the
+        scores (no atomics, bit-identical across runs); "atomic" adds dQ from the dK/dV
+        kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed).
     """
 
     block_m: int = 64
@@ -95,6 +99,7 @@ class TuningParams:
     num_warps: int = 4
     num_stages: int = 2
     loads: str = "pointer"
+    dq_mode: str = "separate"
 
     def __post_init__(self) -> None:
         _check_choice("TuningParams", "block_m", self.block_m, BLOCK_SIZES)
@@ -102,6 +107,7 @@ class TuningParams:
         _check_choice("TuningParams", "num_warps", self.num_warps, NUM_WARPS)
         _check_choice("TuningParams", "num_stages", self.num_stages, NUM_STAGES)
         _check_choice("TuningParams", "loads", self.loads, LOADS)
+        _check_choice("TuningParams", "dq_mode", self.dq_mode, DQ_MODES)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TuningParams":
@@ -112,6 +118,11 @@ class TuningParams:
 
     def replace(self, **changes: Any) -> "TuningParams":
         return dataclasses.replace(self, **changes)
+
+    def label(self) -> str:
+        """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic" when set."""
+        text = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} {self.loads}"
+        return text + (" dq-atomic" if self.dq_mode == "atomic" else "")
 
 
 def _from_dict(cls, data: Mapping[str, Any]):
@@ -128,6 +139,8 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     """Why ``params`` cannot render for ``spec`` at all (on any arch), or None."""
     if spec.direction == "bwd" and params.loads == "tma_device":
         return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
+    if spec.direction == "fwd" and params.dq_mode != "separate":
+        return "dq_mode is a backward knob; the forward takes the default 'separate'"
     return None
 
 
@@ -135,11 +148,12 @@ def param_space(spec: KernelSpec) -> list[TuningParams]:
     """Every TuningParams point that renders for ``spec``. Which of them suit an arch is
     the tuner's business (``fa2gen.tuner.space``)."""
     points = [
-        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld)
+        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld, dq_mode=dq)
         for bm in BLOCK_SIZES
         for bn in BLOCK_SIZES
         for w in NUM_WARPS
         for s in NUM_STAGES
         for ld in LOADS
+        for dq in DQ_MODES
     ]
     return [p for p in points if unsupported(spec, p) is None]

@@ -1,4 +1,5 @@
-"""Launch the generated backward kernels: delta, then dK/dV and dQ."""
+"""Launch the generated backward kernels: delta, then dK/dV and dQ (its own kernel, or
+atomics from the dK/dV kernel and a store)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
 
     ``out`` and ``lse`` are what the forward returned for the same inputs. ``dout`` may have
     any strides; a last dim that is not contiguous is copied first. ``dq``/``dk``/``dv`` may
-    be given preallocated (tests poison them with NaN). No atomics: every sum has one owner
-    and a fixed order, so repeated calls give bit-identical gradients. ``compile_only``
-    compiles the three kernels for this call without launching them (the tuner's workers).
+    be given preallocated (tests poison them with NaN). With ``params.dq_mode`` "separate"
+    there are no atomics: every sum has one owner and a fixed order, so repeated calls give
+    bit-identical gradients; "atomic" adds dQ in fp32 in no fixed order. ``compile_only``
+    compiles this call's kernels without launching them (the tuner's workers).
     """
     if dout.shape != out.shape:
         raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
@@ -68,10 +70,18 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     else:
         dkdv_args = (q, k, v, dout, lse, delta, dk, dv)
         dq_args = (q, k, v, dout, lse, delta, dq)
+    atomic = params.dq_mode == "atomic"
+    if atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
+        dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
+        dkdv_args += (dq_acc,)
     run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
         *dkdv_args,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         hkv, problem.group, nq, nk, *scalars, **tiles)
+    if atomic:
+        run(module.attn_bwd_dq_store, (-(-nq // rows) * b * hq,),
+            dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=rows, **dims)
+        return dq, dk, dv
     run(module.attn_bwd_dq, (-(-nq // params.block_m) * b * hq,),
         *dq_args,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],

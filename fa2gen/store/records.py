@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..generator.arch import arch_from_capability
-from ..generator.spec import SpecError, TuningParams
+from ..generator.spec import SpecError, TuningParams, unsupported
 from .buckets import Bucket
 
 SCHEMA_VERSION = 1
@@ -98,6 +98,11 @@ class Entry:
             raise RecordError(f"trials: invalid value {self.trials!r}")
         if not isinstance(self.created_at, str) or len(self.created_at) > 64:
             raise RecordError(f"created_at: invalid value {self.created_at!r}")
+        # Params that cannot render for the bucket's kernel (a backward knob on a forward
+        # bucket, say) would fail at dispatch: refuse them where they are read.
+        why = unsupported(self.bucket.kernel_spec(), self.params)
+        if why:
+            raise RecordError(f"params for {self.bucket.key}: {why}")
 
     @property
     def speedup(self) -> float | None:
