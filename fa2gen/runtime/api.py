@@ -40,9 +40,9 @@ def attention(
     softcap: if > 0, scores become softcap * tanh(scores / softcap).
     return_lse: also return the log-sum-exp of the scaled scores, (B, Hq, Nq) fp32 (not
         differentiable).
-    deterministic: require bit-identical gradients across runs. The backward kernels use no
-        atomics today, so gradients are deterministic either way; the flag keeps that
-        guarantee when faster non-deterministic variants exist.
+    deterministic: require bit-identical gradients across runs: the backward then computes
+        dQ in its own kernel, never with atomics, whatever the tuned config says. Also
+        implied by torch.use_deterministic_algorithms(True).
 
     Differentiable in q, k and v (generated backward kernels; the forward keeps only O and
     the log-sum-exp).
@@ -70,10 +70,10 @@ def attention(
             run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch)
         else:  # Triton launches on the current device
             run = functools.partial(_on_device, index, forward, q, k, v, problem, launch.params, launch=launch)
-        out, lse = differentiable(q, k, v, problem, run)
+        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic)
     elif interpreting():
         run = functools.partial(forward, q, k, v, problem, select_params(problem, None))
-        out, lse = differentiable(q, k, v, problem, run)
+        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic)
     else:
         global _warned_cpu
         if not _warned_cpu:

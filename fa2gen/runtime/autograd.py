@@ -17,10 +17,11 @@ class AttentionFunction(torch.autograd.Function):
     """Differentiable in q, k and v. The log-sum-exp output is not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, problem, run_forward):
+    def forward(ctx, q, k, v, problem, run_forward, deterministic):
         out, lse = run_forward()
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -36,13 +37,16 @@ class AttentionFunction(torch.autograd.Function):
         else:  # the interpreter
             params = select_params(problem, None, "bwd")
             where = contextlib.nullcontext()
+        if ctx.deterministic or torch.are_deterministic_algorithms_enabled():
+            params = params.replace(dq_mode="separate")  # atomics add in no fixed order
         with where:
             dq, dk, dv = backward(q, k, v, out, lse, dout, problem, params)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
-def differentiable(q, k, v, problem, run):
-    """Run the forward (``run()`` returns (out, lse)), through autograd when a gradient is wanted."""
+def differentiable(q, k, v, problem, run, *, deterministic: bool = False):
+    """Run the forward (``run()`` returns (out, lse)), through autograd when a gradient is
+    wanted; ``deterministic`` keeps the backward free of atomics."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return AttentionFunction.apply(q, k, v, problem, run)
+        return AttentionFunction.apply(q, k, v, problem, run, deterministic)
     return run()
