@@ -45,10 +45,6 @@ def anchor_section(results, provider: str) -> str:
 SHIPPED = Path(__file__).parent.parent / "tuned_configs" / "sm90" / "NVIDIA_H200.yaml"
 
 
-def _params(p) -> str:
-    return f"m{p.block_m} n{p.block_n} w{p.num_warps} s{p.num_stages} {p.loads}"
-
-
 def tuned_section(path: Path) -> str:
     """What the shipped tuned configs gained over the defaults, as the tuner measured it
     (each bucket's best config and its default timed in the same study)."""
@@ -74,7 +70,7 @@ def tuned_section(path: Path) -> str:
     key = lambda e: (e.bucket.direction, e.bucket.dtype, e.bucket.head_dim, e.bucket.mask, e.bucket.seqlen_q)
     lines += ["", "| bucket | tuned config | TFLOP/s | vs default |", "|---|---|---|---|"]
     for e in sorted(short + bwd, key=key):
-        lines.append(f"| {e.bucket.key} | {_params(e.params)} | {e.measurement.tflops:.0f} | {e.speedup:.2f} |")
+        lines.append(f"| {e.bucket.key} | {e.params.label()} | {e.measurement.tflops:.0f} | {e.speedup:.2f} |")
     return "\n".join(lines)
 
 

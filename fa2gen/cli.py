@@ -42,6 +42,7 @@ def generate(
     num_warps: int = 4,
     num_stages: int = 2,
     loads: Annotated[str, typer.Option(help="pointer, tma_host, or tma_device (fwd only)")] = "pointer",
+    dq_mode: Annotated[str, typer.Option(help="bwd only: separate (own dQ kernel) or atomic")] = "separate",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[Optional[str], typer.Option(
         help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
@@ -52,7 +53,8 @@ def generate(
 
     try:
         spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
-        params = TuningParams(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, loads=loads)
+        params = TuningParams(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, loads=loads,
+                              dq_mode=dq_mode)
         variant = Variant(spec, params)
         source = render(spec, params, name=variant.name)
     except SpecError as e:
@@ -383,7 +385,7 @@ def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, samp
             continue
         p = r.best
         speed = f"{r.default_ms / r.measurement.median_ms:.2f}x" if r.default_ms else "-"
-        table.add_row(r.bucket.key, f"m{p.block_m} n{p.block_n} w{p.num_warps} s{p.num_stages} {p.loads}",
+        table.add_row(r.bucket.key, p.label(),
                       f"{r.measurement.tflops:.0f}", speed, f"{r.measurement.max_error:.1e}", str(r.trials))
     console.print(table)
     console.print(f"results: {results_db.path}; studies: {storage_url}")
@@ -416,7 +418,7 @@ def show(
             continue
         p = e.params
         table.add_row(e.validity.device, a, e.validity.triton, e.bucket.key,
-                      f"m{p.block_m} n{p.block_n} w{p.num_warps} s{p.num_stages} {p.loads}",
+                      p.label(),
                       f"{e.measurement.median_ms:.4f}", f"{e.measurement.tflops:.0f}",
                       f"{e.speedup:.2f}x" if e.speedup else "-", str(e.trials))
         n += 1

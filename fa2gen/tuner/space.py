@@ -21,6 +21,7 @@ class SearchSpace:
     num_warps: tuple[int, ...]
     num_stages: tuple[int, ...]
     loads: tuple[str, ...]
+    dq_mode: tuple[str, ...] = ("separate",)  # the backward's; the forward has one choice
 
     def choices(self) -> dict[str, tuple]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
@@ -84,7 +85,7 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
-                      ("pointer", "tma_host") if arch == "sm90" else ("pointer",))
+                      ("pointer", "tma_host") if arch == "sm90" else ("pointer",), ("separate", "atomic"))
     for arch in SPACES
 }
 
