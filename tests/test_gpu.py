@@ -158,6 +158,40 @@ def test_backward_features(shape, kw):
     assert verdict.ok, str(verdict)
 
 
+@pytest.fixture
+def atomic_dq(monkeypatch):
+    """The backward attention() would run, with dQ added from the dK/dV kernel by atomics."""
+    import fa2gen.runtime.autograd as autograd
+
+    real = autograd.select_params
+    monkeypatch.setattr(autograd, "select_params",
+                        lambda problem, dev, direction: real(problem, dev, direction).replace(dq_mode="atomic"))
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}], ids=["full", "causal"])
+def test_backward_atomic_dq_real_sizes(atomic_dq, D, kw):
+    verdict = _grad_check((2, 4, 2, 1500 + 37, 1500 + 37, D), dtype=torch.bfloat16, **kw)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES, ids=FEATURE_IDS)
+def test_backward_atomic_dq_features(atomic_dq, shape, kw):
+    verdict = _grad_check(shape, layout="bnhd", dout_transposed=True, **kw)
+    assert verdict.ok, str(verdict)
+
+
+def test_deterministic_overrides_atomic_dq(atomic_dq):
+    q, k, v = rand_qkv(2, 8, 2, 2000, 2000, 128, device="cuda", seed=6)
+    grads = []
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        fa2gen.attention(*leaves, causal=True, deterministic=True).sum().backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_backward_long_sequence():
     verdict = _grad_check((1, 2, 2, 8192, 8192, 128), causal=True)
     assert verdict.ok, str(verdict)
