@@ -2,12 +2,14 @@
 # The backward pass's GPU measurements in one run, each step time-boxed so that one slow
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
-# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests sweep bench memory train;
-#        default all)
+# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab sweep tune bench fwdbwd
+#        memory train; default: tests dqab bench memory train). "tune" re-tunes the backward
+#        buckets into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS (default 400).
+# A device machine returns at most a few files: tar OUT_DIR afterwards.
 set -uo pipefail
 out=$1
 shift
-steps=${*:-tests sweep bench memory train}
+steps=${*:-tests dqab bench memory train}
 mkdir -p "$out"
 run() {  # name seconds command...
   local name=$1 secs=$2
@@ -18,7 +20,10 @@ run() {  # name seconds command...
 }
 for step in $steps; do
   case $step in
-    tests) run gpu-tests-backward 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "backward or repeated" ;;
+    tests) run gpu-tests-backward 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "backward or repeated or deterministic" ;;
+    dqab) run dq-ab 300 python3 benchmarks/dq_ab.py --out "$out/dq-ab-fp16.json" ;;
+    tune) run tune-bwd "$(( ${TUNE_SECONDS:-400} + 60 ))" bash benchmarks/tune_slice.sh "${TUNE_STATE:-.tune-state}" \
+            "$out/tune" "${TUNE_SECONDS:-400}" --directions bwd --trials 16 ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
     bench)
@@ -27,6 +32,12 @@ for step in $steps; do
           --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
           --json "$out/bench-bwd-$dt.json" --markdown "$out/bench-bwd-$dt.md" --png "$out/bench-bwd-$dt.png"
       done ;;
+    fwdbwd)
+      for dt in fp16 bf16; do
+        run "bench-fwdbwd-$dt" 300 python3 -m fa2gen bench --mode fwd+bwd --dtypes "$dt" \
+          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
+          --json "$out/bench-fwdbwd-$dt.json" --markdown "$out/bench-fwdbwd-$dt.md" --png "$out/bench-fwdbwd-$dt.png"
+      done ;;
     memory) run memory 180 python3 benchmarks/memory.py --out "$out/memory.json" ;;
     train) run train 420 python3 benchmarks/train_gpt.py --out "$out/train.json" ;;
     *) echo "unknown step $step" >&2 ;;
@@ -34,5 +45,5 @@ for step in $steps; do
 done
 cat "$out/summary.txt"
 tail -n 3 "$out"/gpu-tests-backward.log 2>/dev/null
-grep -h geomean "$out"/bench-bwd-*.log 2>/dev/null
+grep -h geomean "$out"/bench-*.log "$out"/dq-ab.log 2>/dev/null
 tail -n 6 "$out"/memory.log "$out"/train.log 2>/dev/null
