@@ -16,11 +16,12 @@ import tempfile
 from dataclasses import dataclass
 
 from .cache import interpreting, load_module
-from .spec import KernelSpec, TuningParams
+from .spec import PASS_WARPS, KernelSpec, TuningParams, pass_rows
 
 # The kernels a variant launches, in order.
 KERNELS = {"fwd": ("attn_fwd",), "bwd": ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq")}
 KERNELS_DQ_ATOMIC = ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_store")
+PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")  # launched with their own tiles and warps
 
 
 def kernels_of(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
@@ -70,8 +71,8 @@ def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
     dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
     if kernel == "attn_fwd":
         return {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n}
-    if kernel in ("attn_bwd_delta", "attn_bwd_dq_store"):
-        return {**dims, "BLOCK": params.block_m}
+    if kernel in PASS_KERNELS:
+        return {**dims, "BLOCK": pass_rows(spec)}
     return {**dims, "OUTER": params.block_m, "INNER": params.block_n}
 
 
@@ -91,9 +92,10 @@ def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> d
     for name in kernels_of(spec, params):
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
+        options = ({"num_warps": PASS_WARPS, "num_stages": 1} if name in PASS_KERNELS
+                   else {"num_warps": params.num_warps, "num_stages": params.num_stages})
         kernel = triton.compile(ASTSource(fn, signature=_signature(fn, constexprs, spec, params), constexprs=constexprs),
-                                target=GPUTarget("cuda", cc, 32),
-                                options={"num_warps": params.num_warps, "num_stages": params.num_stages})
+                                target=GPUTarget("cuda", cc, 32), options=options)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, f"{name}.ptx")
             with open(path, "w") as f:

@@ -125,6 +125,17 @@ class TuningParams:
         return text + (" dq-atomic" if self.dq_mode == "atomic" else "")
 
 
+# The backward's memory-bound passes (delta = rowsum(dO * O), and the atomic path's dQ
+# store) take their own small tiles: at the matmul kernels' 128 rows they held 2 x 128 x D
+# values per 128 threads (214-255 registers, spilling at D >= 128 in ptxas for sm90), which
+# starves a pass that only streams memory. 2048 elements per 4-warp program: 56-80 registers.
+PASS_WARPS = 4
+
+
+def pass_rows(spec: KernelSpec) -> int:
+    return max(8, 2048 // spec.head_dim_padded)
+
+
 def _from_dict(cls, data: Mapping[str, Any]):
     if not isinstance(data, Mapping):
         raise SpecError(f"{cls.__name__}: expected a mapping, got {type(data).__name__}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..generator.cache import interpreting, load_module
-from ..generator.spec import TuningParams
+from ..generator.spec import PASS_WARPS, TuningParams, pass_rows
 from .interpreter import patch_interpreter
 from .launch import effective_params, host_descriptor, window_extents
 from .problem import Problem
@@ -48,15 +48,15 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     launch = dict(num_warps=params.num_warps, num_stages=params.num_stages)
     dims = dict(HEAD_DIM=problem.head_dim, HEAD_DIM_PAD=dp)
 
-    def run(kernel, grid, *args, **constexprs):
+    def run(kernel, grid, *args, launch=launch, **constexprs):
         if compile_only:
             kernel.warmup(*args, grid=grid, **constexprs, **launch)
         else:
             kernel[grid](*args, **constexprs, **launch)
 
-    rows = params.block_m
+    rows, passes = pass_rows(spec), dict(num_warps=PASS_WARPS, num_stages=1)
     run(module.attn_bwd_delta, (-(-nq // rows) * b * hq,),
-        out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, **dims)
+        out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, launch=passes, **dims)
     tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
     scalars = (problem.sm_scale, problem.softcap, left, right)
     if params.loads == "tma_host":
@@ -80,7 +80,7 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         hkv, problem.group, nq, nk, *scalars, **tiles)
     if atomic:
         run(module.attn_bwd_dq_store, (-(-nq // rows) * b * hq,),
-            dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=rows, **dims)
+            dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=rows, launch=passes, **dims)
         return dq, dk, dv
     run(module.attn_bwd_dq, (-(-nq // params.block_m) * b * hq,),
         *dq_args,
