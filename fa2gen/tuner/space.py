@@ -80,10 +80,13 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     return None
 
 
-# The backward: pointer loads or host descriptors (no in-kernel ones), and short loop steps
-# down to 16 rows, which its register budget favours.
+# The backward: pointer loads or host descriptors (no in-kernel ones), short loop steps down
+# to 16 rows, which its register budget favours, and dQ either way. On sm90 also 16 warps:
+# the dK/dV kernel's two fp32 accumulators of 128 x D spill at D=128 over 8 warps' registers
+# (perf-notes v11), and PyTorch's FlexAttention picks 16 warps for its D=128 backward on
+# Hopper (0.77x cuDNN on this H200 in the shared anchors, against our 0.60x).
 BWD_SPACES = {
-    arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8),
+    arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",), ("separate", "atomic"))
     for arch in SPACES
