@@ -174,7 +174,11 @@ def tune_bucket(
     seen: dict[TuningParams, optuna.trial.FrozenTrial] = {
         params_of(t.params): t for t in study.get_trials(deepcopy=False, states=DECIDED)}
     queued = {params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
-    undecided = [params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))]
+    # A run killed while its trial was being asked leaves only the params suggested so far:
+    # that point is unknown, so only complete ones are queued again.
+    names = set(space.choices())
+    undecided = [params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                 if names <= set(t.params)]
     for p in ([default] if default else []) + list(warm_start) + undecided:
         if space.contains(p) and p not in seen and p not in queued:
             study.enqueue_trial(p.to_dict())
