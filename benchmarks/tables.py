@@ -60,6 +60,12 @@ def tuned_section(path: Path) -> str:
              "Speedup = the default config's median time over the tuned config's, both measured in the bucket's study "
              "(representative problem, do_bench median, L2 flushed), against the default of the day the bucket was "
              "tuned.\n"]
+    from fa2gen.generator.rendering import template_hash
+
+    for direction, digest in sorted(cfg.meta["template_hash"].items()):
+        if digest != template_hash(direction):
+            lines.append(f"- The {direction} entries were tuned against an earlier {direction} template (hash {digest}): "
+                         "the run-time lookup skips them until that direction is tuned again.")
     for name, group in (("forward, canonical square buckets (N = 512 ... 16k)", square),
                         ("forward, short-query buckets (Nq = 1 ... 256, Nk = 8192)", short),
                         ("backward, canonical square buckets (N = 512 ... 16k)", bwd)):
