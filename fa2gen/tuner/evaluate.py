@@ -11,6 +11,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import time
 from typing import Protocol
 
 from ..generator.spec import TuningParams
@@ -149,23 +150,38 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
+def _job_with_start(started, job_id: int, fn, args):
+    """Runs in a worker: records when the job began, so its timeout excludes queueing and
+    the worker's start (a spawned interpreter importing torch can take seconds)."""
+    started[job_id] = time.time()
+    return fn(*args)
+
+
 class CompilePool:
     """Runs compile jobs on spawned worker processes with a per-job timeout.
 
-    A job that outlives its timeout (a hung compiler) or kills its worker (a crash) is
-    reported as failed; the pool is then terminated, which really stops the workers,
-    and the jobs still pending are resubmitted to a fresh one.
+    A job's timeout runs from the moment a worker begins it. A job that outlives it (a hung
+    compiler) or kills its worker (a crash) is reported as failed; the pool is then
+    terminated, which really stops the workers, and the jobs not yet finished are
+    resubmitted to a fresh one. Jobs that no worker begins within ``start_timeout_s`` (a
+    pool that cannot start) fail too.
     """
 
-    def __init__(self, workers: int, timeout_s: float):
+    def __init__(self, workers: int, timeout_s: float, start_timeout_s: float = 300.0):
         self.workers = workers
         self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
         self._pool = None
+        self._manager = None
+        self._next_id = 0
 
     def _get(self):
         if self._pool is None:
             # spawn: CUDA cannot be used in forked children of a process that initialised it
-            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+            ctx = multiprocessing.get_context("spawn")
+            self._manager = ctx.Manager()
+            self._started = self._manager.dict()
+            self._pool = ctx.Pool(self.workers)
         return self._pool
 
     def close(self) -> None:
@@ -173,6 +189,9 @@ class CompilePool:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
+        if self._manager is not None:
+            self._manager.shutdown()
+            self._manager = None
 
     def run(self, fn, jobs: dict) -> dict:
         """{key: args} -> {key: fn(*args), or a failure reason string}."""
@@ -180,25 +199,35 @@ class CompilePool:
         pending = dict(jobs)
         while pending:
             pool = self._get()
-            handles = [(key, pool.apply_async(fn, args)) for key, args in pending.items()]
+            handles = {}
+            for key, args in pending.items():
+                self._next_id += 1
+                handles[key] = (self._next_id, pool.apply_async(_job_with_start, (self._started, self._next_id, fn, args)))
+            submitted = time.time()
             pending = {}
-            for i, (key, handle) in enumerate(handles):
-                try:
-                    out[key] = handle.get(timeout=self.timeout_s)
-                except multiprocessing.TimeoutError:
-                    out[key] = f"compile timed out after {self.timeout_s:.0f} s (or its worker died)"
-                    self.close()
-                    for later_key, later in handles[i + 1:]:
-                        if later.ready():
-                            try:
-                                out[later_key] = later.get()
-                            except Exception as e:
-                                out[later_key] = f"{type(e).__name__}: {e}"
-                        else:
-                            pending[later_key] = jobs[later_key]
+            while handles:
+                for key, (_, handle) in list(handles.items()):
+                    if handle.ready():
+                        try:
+                            out[key] = handle.get()
+                        except Exception as e:  # the job raised in the worker
+                            out[key] = f"{type(e).__name__}: {e}"
+                        del handles[key]
+                if not handles:
                     break
-                except Exception as e:  # the job raised in the worker
-                    out[key] = f"{type(e).__name__}: {e}"
+                now, began = time.time(), dict(self._started)
+                late = [key for key, (jid, _) in handles.items() if jid in began and now - began[jid] > self.timeout_s]
+                unstarted = now - submitted > self.start_timeout_s and all(jid not in began for jid, _ in handles.values())
+                if late or unstarted:
+                    for key in late:
+                        out[key] = f"compile timed out after {self.timeout_s:.0f} s (or its worker died)"
+                    if unstarted:
+                        for key in handles:
+                            out[key] = f"no worker began the job within {self.start_timeout_s:.0f} s"
+                    self.close()  # stops the hung or dead worker's job; the others run again
+                    pending = {key: jobs[key] for key in handles if key not in out}
+                    break
+                time.sleep(0.02)
         return out
 
 
