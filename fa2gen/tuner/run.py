@@ -73,6 +73,14 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
     raise AssertionError("unreachable")
 
 
+def _dq_twin(bucket: Bucket, default: TuningParams) -> list[TuningParams]:
+    """For a backward bucket, the default tiles with dQ computed the other way: every
+    backward study then measures both ways side by side, however few its trials."""
+    if bucket.direction != "bwd":
+        return []
+    return [default.replace(dq_mode="atomic" if default.dq_mode == "separate" else "separate")]
+
+
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
     """Best params of the nearest already-tuned buckets of the same kernel."""
     entries = [e for e in db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
@@ -119,7 +127,8 @@ def tune(
         result = tune_bucket(
             bucket, evaluator, space_for(space.arch, bucket.direction), storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
-            warm_start=neighbour_params(db, validity, bucket), default=default, on_progress=on_progress,
+            warm_start=_dq_twin(bucket, default) + neighbour_params(db, validity, bucket), default=default,
+            on_progress=on_progress,
         )
         if result.best is not None:
             db.put([Entry(validity=validity, bucket=bucket, params=result.best, measurement=result.measurement,
