@@ -78,6 +78,10 @@ def test_generate_backward():
     assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= names
     assert runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_device"]).exit_code == 2
     assert ".load([b, h, start_m, 0])" in runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_host"]).output
+    r = runner.invoke(app, ["generate", "--direction", "bwd", "--dq-mode", "atomic"])
+    names = {n.name for n in ast.parse(r.output).body if isinstance(n, ast.FunctionDef)}
+    assert "attn_bwd_dq_store" in names and "attn_bwd_dq" not in names and "tl.atomic_add(" in r.output
+    assert runner.invoke(app, ["generate", "--dq-mode", "atomic"]).exit_code == 2  # a backward knob
 
 
 @pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
