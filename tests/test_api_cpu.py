@@ -94,6 +94,18 @@ def test_sm90_short_causal_defaults_use_short_query_tiles():
     assert default_params(KernelSpec(head_dim=128), "sm90", 512).block_m == 128
 
 
+def test_sm90_backward_defaults_follow_the_tuned_winners():
+    # The H200 backward tuning runs (docs/perf-notes.md v11)
+    bwd = lambda d, mask="none": KernelSpec(direction="bwd", head_dim=d, mask=mask)  # noqa: E731
+    assert default_params(bwd(128, "causal"), "sm90", 1024).label() == "m64 n16 w4 s3 tma_host"
+    assert default_params(bwd(128, "causal"), "sm90", 2048).label() == "m128 n32 w8 s3 pointer"
+    assert default_params(bwd(128), "sm90", 512).label() == "m128 n32 w8 s3 pointer"
+    assert default_params(bwd(64, "causal"), "sm90", 512).label() == "m128 n32 w4 s3 pointer"
+    assert default_params(bwd(64), "sm90", 512).label() == "m128 n32 w4 s4 tma_host"
+    assert default_params(bwd(256, "causal"), "sm90", 512).label() == "m16 n32 w4 s2 tma_host"
+    assert default_params(bwd(128, "causal"), "sm80", 512).loads == "pointer"
+
+
 H200 = DeviceInfo(name="NVIDIA_H200", capability=(9, 0), arch="sm90", sm_count=132)
 
 
