@@ -1,0 +1,60 @@
+"""A few identical attention calls to run under a profiler (Nsight Compute), nothing else.
+
+Warms up (compiles, tunes nothing), then makes --calls calls of the forward, the backward
+or both, with the config attention() dispatches (or --dq-mode for the backward). Example:
+
+  ncu --clock-control none --kernel-name regex:attn_bwd --launch-skip 6 --launch-count 3 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy \
+      python benchmarks/profile_calls.py --direction bwd --shape 2,16,8192,128 --causal
+
+usage: python benchmarks/profile_calls.py [--direction fwd|bwd] [--shape B,H,N,D] [--dtype fp16|bf16]
+       [--causal] [--calls N] [--dq-mode separate|atomic]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from fa2gen.bench.grid import Case, make_inputs
+from fa2gen.runtime.backward import backward
+from fa2gen.runtime.device import cuda_device_info
+from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.launch import forward
+from fa2gen.runtime.problem import make_problem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--direction", choices=("fwd", "bwd"), default="bwd")
+    ap.add_argument("--shape", default="2,16,8192,128", help="B,H,N,D")
+    ap.add_argument("--dtype", choices=("fp16", "bf16"), default="bf16")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--dq-mode", choices=("separate", "atomic"))
+    args = ap.parse_args()
+    b, h, n, d = (int(x) for x in args.shape.split(","))
+    q, k, v = make_inputs(Case(b, h, n, d, args.causal, args.dtype), torch.device("cuda"))
+    problem = make_problem(q, k, v, causal=args.causal)
+    info = cuda_device_info(torch.cuda.current_device())
+    out, lse = forward(q, k, v, problem, select_params(problem, info))
+    params = select_params(problem, info, args.direction)
+    if args.direction == "bwd" and args.dq_mode:
+        params = params.replace(dq_mode=args.dq_mode)
+    dout = torch.randn_like(out)
+
+    def call():
+        if args.direction == "fwd":
+            forward(q, k, v, problem, params)
+        else:
+            backward(q, k, v, out, lse, dout, problem, params)
+
+    for _ in range(2 + args.calls):  # two warm-up calls compile and settle; skip their launches
+        call()
+    torch.cuda.synchronize()
+    print(f"{args.direction} {args.shape} {args.dtype} causal={args.causal}: {params.label()}")
+
+
+if __name__ == "__main__":
+    main()
