@@ -59,6 +59,7 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, launch=passes, **dims)
     tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
     scalars = (problem.sm_scale, problem.softcap, left, right)
+    atomic = params.dq_mode == "atomic"
     if params.loads == "tma_host":
         def tile(t, rows):
             return host_descriptor(t, rows, dp)
@@ -66,11 +67,11 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         outer, inner = params.block_m, params.block_n
         dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
                      tile(dk, outer), tile(dv, outer))
-        dq_args = (tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer))
+        if not atomic:
+            dq_args = (tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer))
     else:
         dkdv_args = (q, k, v, dout, lse, delta, dk, dv)
         dq_args = (q, k, v, dout, lse, delta, dq)
-    atomic = params.dq_mode == "atomic"
     if atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
         dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
         dkdv_args += (dq_acc,)
