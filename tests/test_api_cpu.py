@@ -65,6 +65,10 @@ def test_tma_falls_back_on_misaligned_tensors():
     assert fits(big, tight, "sm90") is None and fits(big, tight.replace(loads="pointer"), "sm90") is not None
     swapped = effective_params(big, tight, shifted)
     assert swapped.loads == "pointer" and fits(big, swapped, "sm90") is None
+    # dQ's bulk reduction needs a descriptor too: on misaligned tensors, per-element atomics
+    bwd, reduce = KernelSpec(direction="bwd", head_dim=64), TuningParams(64, 32, 4, 2, "tma_host", "tma_reduce")
+    assert effective_params(bwd, reduce, shifted) == reduce.replace(loads="pointer", dq_mode="atomic")
+    assert effective_params(bwd, reduce, q, k) is reduce
 
 
 def test_defaults_fit_every_arch_and_head_dim():

@@ -24,6 +24,8 @@ BWD_POINTS = [
     # dQ added from the dK/dV kernel with atomics, on both load paths
     TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic"),
     TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=2, loads="tma_host", dq_mode="atomic"),
+    # ... or by one bulk reduction per tile through a host descriptor
+    TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, loads="tma_host", dq_mode="tma_reduce"),
 ]
 SHAPES = ODD_SHAPES[:4]  # the one-key case adds nothing the decode shape does not
 MASKS = MASK_CASES[:4] + [{"causal": True, "softcap": 3.0, "sm_scale": 0.3}]

@@ -158,14 +158,16 @@ def test_backward_features(shape, kw):
     assert verdict.ok, str(verdict)
 
 
-@pytest.fixture
-def atomic_dq(monkeypatch):
-    """The backward attention() would run, with dQ added from the dK/dV kernel by atomics."""
+@pytest.fixture(params=["atomic", "tma_reduce"])
+def atomic_dq(monkeypatch, request):
+    """The backward attention() would run, with dQ added from the dK/dV kernel: by
+    per-element atomics, or by bulk reductions through host descriptors."""
     import fa2gen.runtime.autograd as autograd
 
     real = autograd.select_params
-    monkeypatch.setattr(autograd, "select_params",
-                        lambda problem, dev, direction: real(problem, dev, direction).replace(dq_mode="atomic"))
+    extra = {"loads": "tma_host"} if request.param == "tma_reduce" else {}
+    monkeypatch.setattr(autograd, "select_params", lambda problem, dev, direction: real(problem, dev, direction).replace(
+        dq_mode=request.param, **extra))
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])

@@ -88,20 +88,22 @@ def test_backward_points_render_and_parse(mask):
         spec = KernelSpec(direction="bwd", head_dim=d, mask=mask, softcap=softcap)
         points = param_space(spec)
         assert {p.loads for p in points} == {"pointer", "tma_host"}
-        assert {p.dq_mode for p in points} == {"separate", "atomic"}
+        assert {p.dq_mode for p in points} == {"separate", "atomic", "tma_reduce"}
+        assert all(p.loads == "tma_host" for p in points if p.dq_mode == "tma_reduce")
         bodies = {}
         for params in points:
             src = render(spec, params, name=Variant(spec, params).name)
             bodies.setdefault((params.loads, params.dq_mode), set()).add(src.split("\nLOG2E", 1)[1])
         # tiles, warps and stages are constexpr/launch values: only the load path and the
         # dQ mode change code
-        assert all(len(b) == 1 for b in bodies.values()) and len({next(iter(b)) for b in bodies.values()}) == 4
+        assert all(len(b) == 1 for b in bodies.values()) and len({next(iter(b)) for b in bodies.values()}) == 5
         for (loads, dq_mode), body in ((key, next(iter(b))) for key, b in bodies.items()):
             tree = ast.parse(src.split("\nLOG2E", 1)[0] + "\nLOG2E" + body)
             kernels = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
             dq_kernel = "attn_bwd_dq" if dq_mode == "separate" else "attn_bwd_dq_store"
             assert {"attn_bwd_delta", "attn_bwd_dkdv", dq_kernel} <= kernels
             assert ("tl.atomic_add" in body) == (dq_mode == "atomic")
+            assert ("DQACC.atomic_add(" in body) == (dq_mode == "tma_reduce")
         assert ".load([b, h, start_m, 0])" in next(iter(bodies["tma_host", "separate"]))
         with pytest.raises(SpecError, match="not in-kernel descriptors"):
             render(spec, TuningParams(loads="tma_device"), name="x")

@@ -389,9 +389,10 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert {p.loads for p in ev.compiled} <= {"pointer", "tma_host"}  # no in-kernel descriptors in its space
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
-    assert {t.params["dq_mode"] for t in study.trials} == {"separate", "atomic"}  # dQ's two ways, both tried
-    first, second = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)[:2])
-    assert second == first.replace(dq_mode="atomic")  # ... the default's tiles both ways, first of all
+    assert {t.params["dq_mode"] for t in study.trials} == {"separate", "atomic", "tma_reduce"}  # dQ's ways, all tried
+    first, *twins = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)[:3])
+    # ... the default's tiles each way, first of all
+    assert twins == [first.replace(dq_mode="atomic"), first.replace(dq_mode="tma_reduce", loads="tma_host")]
     assert db.get(VALID, bucket).params == r.best
     problem = Problem(batch=8, heads_q=32, heads_kv=32, seqlen_q=2000, seqlen_k=2000, head_dim=64, dtype="bf16",
                       mask="causal", window_left=-1, window_right=0, sm_scale=0.125, softcap=0.0)

@@ -25,7 +25,7 @@ PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")  # launched with their ow
 
 
 def kernels_of(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
-    if spec.direction == "bwd" and params.dq_mode == "atomic":
+    if spec.direction == "bwd" and params.dq_mode != "separate":
         return KERNELS_DQ_ATOMIC
     return KERNELS[spec.direction]
 _TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
@@ -56,6 +56,8 @@ def _signature(fn, constexprs: dict, spec: KernelSpec, params: TuningParams) -> 
         elif name in rows_of:
             rows = params.block_m if rows_of[name] == "m" else params.block_n
             sig[name] = f"tensordesc<{spec.dtype}[1,1,{rows},{spec.head_dim_padded}]>"
+        elif name == "DQACC" and params.dq_mode == "tma_reduce" and fn.__name__ == "attn_bwd_dkdv":
+            sig[name] = f"tensordesc<fp32[1,1,{params.block_n},{spec.head_dim_padded}]>"
         elif name in _TENSORS:
             sig[name] = f"*{spec.dtype}"
         elif name in ("LSE", "DELTA", "DQACC"):

@@ -41,7 +41,8 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     Forward: Q stays resident; K and V are buffered ``num_stages`` deep; on the pointer
     path the probability tile P is staged through shared memory for the second dot.
     Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
-    dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles.
+    dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles; with
+    ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction.
     """
     elt = 2
     dp = spec.head_dim_padded
@@ -49,7 +50,8 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     if spec.direction == "bwd":
         resident = 2 * params.block_m * dp * elt
         streamed = 2 * stages * params.block_n * dp * elt
-        return resident + streamed + 2 * params.block_m * params.block_n * elt
+        staged_dq = params.block_n * dp * 4 if params.dq_mode == "tma_reduce" else 0
+        return resident + streamed + 2 * params.block_m * params.block_n * elt + staged_dq
     q = params.block_m * dp * elt
     kv = 2 * stages * params.block_n * dp * elt
     p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0

@@ -56,5 +56,6 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
         mask=spec.mask,
         softcap=spec.softcap,
         loads=params.loads,
-        dq_atomic=params.dq_mode == "atomic",
+        dq_atomic=params.dq_mode != "separate",
+        dq_mode=params.dq_mode,
     )

@@ -17,7 +17,7 @@ DTYPES = ("fp16", "bf16")
 MASKS = ("none", "causal", "local")
 LOADS = ("pointer", "tma_device", "tma_host")
 TMA_LOADS = ("tma_device", "tma_host")
-DQ_MODES = ("separate", "atomic")
+DQ_MODES = ("separate", "atomic", "tma_reduce")
 HEAD_DIMS = tuple(range(16, 257, 8))
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 NUM_WARPS = (1, 2, 4, 8, 16)
@@ -91,7 +91,9 @@ class TuningParams:
         host ("tma_host", which costs a descriptor encode per tensor per launch).
     dq_mode (backward only): "separate" computes dQ in its own kernel, which recomputes the
         scores (no atomics, bit-identical across runs); "atomic" adds dQ from the dK/dV
-        kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed).
+        kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed);
+        "tma_reduce" does the same with one bulk reduction per tile through a host
+        descriptor (sm90+, with loads="tma_host").
     """
 
     block_m: int = 64
@@ -120,9 +122,9 @@ class TuningParams:
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
-        """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic" when set."""
+        """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic" (say) when set."""
         text = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} {self.loads}"
-        return text + (" dq-atomic" if self.dq_mode == "atomic" else "")
+        return text + ("" if self.dq_mode == "separate" else f" dq-{self.dq_mode}")
 
 
 # The backward's memory-bound passes (delta = rowsum(dO * O), and the atomic path's dQ
@@ -152,6 +154,8 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
     if spec.direction == "fwd" and params.dq_mode != "separate":
         return "dq_mode is a backward knob; the forward takes the default 'separate'"
+    if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
+        return "dq_mode tma_reduce adds through a host tensor descriptor: it needs loads=tma_host"
     return None
 
 

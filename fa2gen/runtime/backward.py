@@ -59,7 +59,7 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, launch=passes, **dims)
     tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
     scalars = (problem.sm_scale, problem.softcap, left, right)
-    atomic = params.dq_mode == "atomic"
+    atomic = params.dq_mode != "separate"
     if params.loads == "tma_host":
         def tile(t, rows):
             return host_descriptor(t, rows, dp)
@@ -74,7 +74,7 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         dq_args = (q, k, v, dout, lse, delta, dq)
     if atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
         dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
-        dkdv_args += (dq_acc,)
+        dkdv_args += (host_descriptor(dq_acc, params.block_n, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
     run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
         *dkdv_args,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],

@@ -3,7 +3,8 @@
 Triton 3.6's interpreter stores bf16 tensors as raw uint16 bits and feeds them to
 numpy's matmul unconverted, so every bf16 ``tl.dot`` returns garbage. We wrap the
 interpreter's dot to widen bf16 operands to fp32 first (exactly, by bit shift),
-which is correct whether or not a later Triton fixes the bug upstream.
+which is correct whether or not a later Triton fixes the bug upstream. It also has no
+tensor-descriptor atomic add (a bulk reduction on the GPU); we give it one.
 """
 
 from __future__ import annotations
@@ -26,8 +27,20 @@ def _widen_bf16(handle):
     return handle
 
 
+def _descriptor_reduce(self, kind, desc, value, indices):
+    """A tensor descriptor's atomic add (the GPU's bulk reduction), which Triton 3.6's
+    interpreter lacks: element-wise atomic adds over the block's in-bounds elements."""
+    from triton._C.libtriton import ir
+
+    if kind != ir.DESCRIPTOR_REDUCE_KIND.ADD:
+        raise NotImplementedError(f"descriptor reduction {kind} under the interpreter")
+    ptrs, mask = desc.materialize_pointers(indices)
+    return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask, ir.MEM_SEMANTIC.RELAXED,
+                                  ir.MEM_SYNC_SCOPE.GPU)
+
+
 def patch_interpreter() -> None:
-    """Install the bf16 dot fix into Triton's interpreter (idempotent)."""
+    """Install the interpreter fixes (idempotent): the bf16 dot, and descriptor atomic adds."""
     global _patched
     if _patched:
         return
@@ -42,4 +55,6 @@ def patch_interpreter() -> None:
             return original(self, _widen_bf16(a), _widen_bf16(b), d, input_precision, max_num_imprecise_acc)
 
         InterpreterBuilder.create_dot = create_dot
+        if not hasattr(InterpreterBuilder, "create_descriptor_reduce"):
+            InterpreterBuilder.create_descriptor_reduce = _descriptor_reduce
         _patched = True

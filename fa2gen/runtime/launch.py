@@ -50,7 +50,9 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     if params.loads in TMA_LOADS and not (tensors and tma_compatible(*tensors)):
         from .defaults import shrink_to_fit
 
-        return shrink_to_fit(spec, params.replace(loads="pointer"), "sm90")
+        # (dQ's bulk reduction goes through a descriptor too: per-element atomics instead)
+        dq_mode = "atomic" if params.dq_mode == "tma_reduce" else params.dq_mode
+        return shrink_to_fit(spec, params.replace(loads="pointer", dq_mode=dq_mode), "sm90")
     return params
 
 

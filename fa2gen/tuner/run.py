@@ -9,7 +9,7 @@ from typing import Callable
 
 import optuna
 
-from ..generator.spec import TuningParams
+from ..generator.spec import TuningParams, unsupported
 from ..runtime.defaults import bucket_default
 from ..store.buckets import Bucket
 from ..store.db import TunedDB
@@ -73,12 +73,18 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
     raise AssertionError("unreachable")
 
 
-def _dq_twin(bucket: Bucket, default: TuningParams) -> list[TuningParams]:
-    """For a backward bucket, the default tiles with dQ computed the other way: every
-    backward study then measures both ways side by side, however few its trials."""
+def _dq_twins(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list[TuningParams]:
+    """For a backward bucket, the default tiles with dQ computed each other way the space
+    offers (the bulk reduction through host descriptors): every backward study then
+    measures them side by side, however few its trials."""
     if bucket.direction != "bwd":
         return []
-    return [default.replace(dq_mode="atomic" if default.dq_mode == "separate" else "separate")]
+    twins = []
+    for mode in space.dq_mode:
+        twin = default.replace(dq_mode=mode, loads="tma_host" if mode == "tma_reduce" else default.loads)
+        if mode != default.dq_mode and space.contains(twin) and unsupported(bucket.kernel_spec(), twin) is None:
+            twins.append(twin)
+    return twins
 
 
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
@@ -124,10 +130,12 @@ def tune(
             except KeyError:
                 pass
         default = bucket_default(bucket, space.arch)
+        bucket_space = space_for(space.arch, bucket.direction)
         result = tune_bucket(
-            bucket, evaluator, space_for(space.arch, bucket.direction), storage=storage, name_prefix=prefix, trials=options.trials,
+            bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
-            warm_start=_dq_twin(bucket, default) + neighbour_params(db, validity, bucket), default=default,
+            warm_start=_dq_twins(bucket, default, bucket_space) + neighbour_params(db, validity, bucket),
+            default=default,
             on_progress=on_progress,
         )
         if result.best is not None:

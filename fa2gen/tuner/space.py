@@ -88,7 +88,8 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
-                      ("pointer", "tma_host") if arch == "sm90" else ("pointer",), ("separate", "atomic"))
+                      ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
+                      ("separate", "atomic", "tma_reduce") if arch == "sm90" else ("separate", "atomic"))
     for arch in SPACES
 }
 
