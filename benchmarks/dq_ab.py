@@ -1,9 +1,10 @@
-"""A/B of the backward's two ways to compute dQ: its own kernel (recomputing the scores) or
-atomics from the dK/dV kernel (two matmuls fewer per block pair, fp32 atomic traffic).
+"""A/B of the backward's ways to compute dQ: its own kernel (recomputing the scores), or
+added from the dK/dV kernel into fp32 (two matmuls fewer per block pair) by per-element
+atomics or by one bulk reduction per tile through a host descriptor.
 
 On every cell of the FlashAttention-2 grid (one dtype), times the backward alone with the
-config attention() would dispatch, the same tiles with dq_mode=atomic, and a few tiles
-that suit the atomic path (longer loop steps halve the atomics per FLOP). Writes JSON to
+config attention() would dispatch, the same tiles each other way, and a few tiles that suit
+the summing paths (longer loop steps halve the additions per FLOP). Writes JSON to
 --out after each cell and prints a table with geomeans last.
 
 usage: python benchmarks/dq_ab.py --out dq-ab.json [--dtype fp16]
@@ -30,8 +31,8 @@ from fa2gen.runtime.problem import make_problem
 
 ATOMIC_TILES = [
     TuningParams(128, 64, 8, 2, "pointer", "atomic"),
-    TuningParams(128, 64, 8, 2, "tma_host", "atomic"),
-    TuningParams(64, 64, 4, 2, "tma_host", "atomic"),
+    TuningParams(128, 64, 8, 2, "tma_host", "tma_reduce"),
+    TuningParams(64, 64, 4, 2, "tma_host", "tma_reduce"),
 ]
 
 
@@ -49,7 +50,8 @@ def main() -> None:
         out, lse = forward(q, k, v, problem, select_params(problem, info))
         dout = torch.randn_like(out)
         base = select_params(problem, info, "bwd")
-        variants = {"dispatched": base, "same tiles, atomic": base.replace(dq_mode="atomic")}
+        variants = {"dispatched": base, "same tiles, atomic": base.replace(dq_mode="atomic"),
+                    "same tiles, tma_reduce": base.replace(dq_mode="tma_reduce", loads="tma_host")}
         variants.update({p.label(): p for p in ATOMIC_TILES})
         row = {"cell": case.label(), "dispatched": base.to_dict(), "tflops": {}}
         for name, params in variants.items():
