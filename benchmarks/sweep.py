@@ -38,7 +38,7 @@ def bwd_candidates(head_dim: int):
 
 
 def candidates(head_dim: int):
-    """A sweep small enough for one short GPU session (about 28 variants per spec)."""
+    """A sweep small enough for one short GPU run (about 28 variants per spec)."""
     if head_dim > 128:
         space = [("tma_host", bm, bn, w, s) for bm in (64, 128) for bn in (32, 64) for w in (4, 8) for s in (1, 2)]
     else:
