@@ -18,6 +18,7 @@ import cProfile
 import io
 import json
 import pstats
+import re
 import sys
 
 import torch
@@ -30,6 +31,11 @@ from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import Launch, effective_params, forward, host_descriptor
 from fa2gen.runtime.problem import make_problem
 from overhead import host_us  # the same loop as overhead.py (this folder is on sys.path when run)
+
+
+def _relative_paths(text: str) -> str:
+    """Source files named from their package, not from where this machine keeps them."""
+    return re.sub(r"(?:/[^\s:(]+)?/(site-packages|fa2gen)/", r"\1/", text)
 
 
 def main(out_path):
@@ -68,7 +74,7 @@ def main(out_path):
     torch.cuda.synchronize()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-    result["profile_tottime"] = s.getvalue()
+    result["profile_tottime"] = _relative_paths(s.getvalue())
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
     for name, us in result["per_call_us"].items():
