@@ -42,7 +42,8 @@ def generate(
     num_warps: int = 4,
     num_stages: int = 2,
     loads: Annotated[str, typer.Option(help="pointer, tma_host, or tma_device (fwd only)")] = "pointer",
-    dq_mode: Annotated[str, typer.Option(help="bwd only: separate (own dQ kernel) or atomic")] = "separate",
+    dq_mode: Annotated[str, typer.Option(
+        help="bwd only: separate (own dQ kernel), atomic, or tma_reduce (needs --loads tma_host)")] = "separate",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[Optional[str], typer.Option(
         help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
@@ -72,10 +73,11 @@ def generate(
 def _compile_ahead(spec, params, arch: str) -> None:
     from .generator.ahead import compile_for
     from .generator.arch import ARCHES
+    from .generator.cache import interpreting
 
     if arch not in ARCHES:
         raise typer.BadParameter(f"choose from {', '.join(ARCHES)}", param_hint="--compile-for")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreting():
         raise typer.BadParameter("compiling needs TRITON_INTERPRET unset", param_hint="--compile-for")
     try:
         found = compile_for(spec, params, arch)

@@ -183,8 +183,8 @@ def test_backward_atomic_dq_features(atomic_dq, shape, kw):
     assert verdict.ok, str(verdict)
 
 
-def test_deterministic_overrides_atomic_dq(atomic_dq):
-    q, k, v = rand_qkv(2, 8, 2, 2000, 2000, 128, device="cuda", seed=6)
+def _assert_deterministic_gradients(seed):
+    q, k, v = rand_qkv(2, 8, 2, 2000, 2000, 128, device="cuda", seed=seed)
     grads = []
     for _ in range(2):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -192,6 +192,10 @@ def test_deterministic_overrides_atomic_dq(atomic_dq):
         grads.append([t.grad for t in leaves])
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_deterministic_overrides_atomic_dq(atomic_dq):
+    _assert_deterministic_gradients(seed=6)
 
 
 def test_backward_long_sequence():
@@ -225,11 +229,4 @@ def test_backward_against_fp64_reference():
 
 
 def test_backward_is_deterministic_on_gpu():
-    q, k, v = rand_qkv(2, 8, 2, 2000, 2000, 128, device="cuda", seed=5)
-    grads = []
-    for _ in range(2):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        fa2gen.attention(*leaves, causal=True, deterministic=True).sum().backward()
-        grads.append([t.grad for t in leaves])
-    for a, b in zip(*grads):
-        assert torch.equal(a, b)
+    _assert_deterministic_gradients(seed=5)

@@ -24,11 +24,13 @@ KERNELS_DQ_ATOMIC = ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_store")
 PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")  # launched with their own tiles and warps
 
 
+_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
+
+
 def kernels_of(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
     if spec.direction == "bwd" and params.dq_mode != "separate":
         return KERNELS_DQ_ATOMIC
     return KERNELS[spec.direction]
-_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,13 @@ _BWD_SM90 = [
     (128, TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3)),
     (256, TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=2, loads="tma_host")),
 ]
-_BWD_SM90_CAUSAL = [(64, TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=3))]
+# Causal rows (head dim bound, longest query length, params), taken before the table above.
 # Short causal D=128 (N <= 1k): 64 x 16 with 4 warps and host descriptors won all four such
 # buckets, 1.06-1.17x over 128 x 32 (few key blocks per program, so smaller programs balance).
-_BWD_SM90_SHORT_CAUSAL = (128, 1024, TuningParams(block_m=64, block_n=16, num_warps=4, num_stages=3, loads="tma_host"))
+_BWD_SM90_CAUSAL = [
+    (64, float("inf"), TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=3)),
+    (128, 1024, TuningParams(block_m=64, block_n=16, num_warps=4, num_stages=3, loads="tma_host")),
+]
 _BWD_AMPERE = [
     (64, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
     (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=2)),
@@ -95,13 +98,11 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     if spec.direction == "bwd":
         if arch == "cpu":
             return _BWD_INTERPRETER
+        if arch == "sm90" and spec.mask == "causal":
+            for bound, longest, params in _BWD_SM90_CAUSAL:
+                if spec.head_dim_padded <= bound and seqlen_q <= longest:
+                    return shrink_to_fit(spec, params, arch)
         table = _BWD_SM90 if arch == "sm90" else _BWD_AMPERE
-        if arch == "sm90" and spec.mask == "causal" and spec.head_dim_padded <= _BWD_SM90_CAUSAL[-1][0]:
-            table = _BWD_SM90_CAUSAL
-        bound, longest, short = _BWD_SM90_SHORT_CAUSAL
-        if (arch == "sm90" and spec.mask == "causal" and _BWD_SM90_CAUSAL[-1][0] < spec.head_dim_padded <= bound
-                and seqlen_q <= longest):
-            return shrink_to_fit(spec, short, arch)
         return shrink_to_fit(spec, next(p for bound, p in table if spec.head_dim_padded <= bound), arch)
     if arch == "cpu":
         params = _INTERPRETER
