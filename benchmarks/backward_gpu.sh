@@ -3,8 +3,11 @@
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
 # usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab sweep tune bench fwdbwd
-#        memory train; default: tests dqab bench memory train). "tune" re-tunes the backward
-#        buckets into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS (default 400).
+#        memory train; default: tests dqab bench memory train). "tests" runs the whole GPU suite.
+#        "tune" re-tunes the backward buckets ($TUNE_GRID, default the built-in grid) into the
+#        state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS (default 400).
+#        "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
+# One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host.
 # A device machine returns at most a few files: tar OUT_DIR afterwards.
 set -uo pipefail
 out=$1
@@ -20,7 +23,7 @@ run() {  # name seconds command...
 }
 for step in $steps; do
   case $step in
-    tests) run gpu-tests-backward 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests -k "backward or repeated or deterministic" ;;
+    tests) run gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
     dqab) run dq-ab 300 python3 benchmarks/dq_ab.py --out "$out/dq-ab-fp16.json" ;;
     tune)
       state=${TUNE_STATE:-.tune-state}
@@ -28,17 +31,17 @@ for step in $steps; do
         mkdir -p "$state" && python3 -m fa2gen import tuned_configs/sm90/NVIDIA_H200.yaml --db "$state/tuned.sqlite"
       fi
       run tune-bwd "$(( ${TUNE_SECONDS:-400} + 60 ))" bash benchmarks/tune_slice.sh "$state" \
-        "$out/tune" "${TUNE_SECONDS:-400}" --directions bwd --trials 16 ;;
+        "$out/tune" "${TUNE_SECONDS:-400}" --directions bwd --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
     bench)
-      for dt in fp16 bf16; do
+      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
         run "bench-bwd-$dt" 300 python3 -m fa2gen bench --mode bwd --dtypes "$dt" \
           --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
           --json "$out/bench-bwd-$dt.json" --markdown "$out/bench-bwd-$dt.md" --png "$out/bench-bwd-$dt.png"
       done ;;
     fwdbwd)
-      for dt in fp16 bf16; do
+      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
         run "bench-fwdbwd-$dt" 300 python3 -m fa2gen bench --mode fwd+bwd --dtypes "$dt" \
           --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
           --json "$out/bench-fwdbwd-$dt.json" --markdown "$out/bench-fwdbwd-$dt.md" --png "$out/bench-fwdbwd-$dt.png"
@@ -49,6 +52,6 @@ for step in $steps; do
   esac
 done
 cat "$out/summary.txt"
-tail -n 3 "$out"/gpu-tests-backward.log 2>/dev/null
+tail -n 3 "$out"/gpu-tests.log 2>/dev/null
 grep -h geomean "$out"/bench-*.log "$out"/dq-ab.log 2>/dev/null
 tail -n 6 "$out"/memory.log "$out"/train.log 2>/dev/null
