@@ -19,7 +19,8 @@ from fa2gen.store.records import Validity
 from fa2gen.tuner.evaluate import CostModelEvaluator, representative_problem
 from fa2gen.tuner.grid import GridError, buckets_from_grid, default_buckets
 from fa2gen.tuner.run import TuneOptions, open_storage, tune
-from fa2gen.tuner.space import SPACES, prune_reason, space_for
+from fa2gen.runtime.defaults import bucket_default
+from fa2gen.tuner.space import SPACES, local_moves, prune_reason, space_for
 
 HERE = Path(__file__).parent
 OPTIMUM = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_device")
@@ -27,11 +28,11 @@ B4K = Bucket("fwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
 VALID = Validity("TEST_GPU", "9.0", "3.6.0", "0123456789abcdef")
 
 
-def _tune(tmp_path, buckets, trials=30, sampler="tpe", evaluator=None, resume=True):
+def _tune(tmp_path, buckets, trials=30, sampler="tpe", evaluator=None, resume=True, arch="sm90"):
     db = TunedDB(tmp_path / "tuned.sqlite")
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.sqlite'}")
     ev = evaluator or CostModelEvaluator(optimum=OPTIMUM)
-    results = tune(buckets, ev, space_for("sm90"), db=db, storage=storage, validity_for=lambda b: VALID,
+    results = tune(buckets, ev, space_for(arch), db=db, storage=storage, validity_for=lambda b: VALID,
                    options=TuneOptions(trials=trials, sampler=sampler, seed=1, resume=resume))
     return db, storage, ev, results
 
@@ -389,10 +390,13 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert {p.loads for p in ev.compiled} <= {"pointer", "tma_host"}  # no in-kernel descriptors in its space
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
-    assert {t.params["dq_mode"] for t in study.trials} == {"separate", "atomic", "tma_reduce"}  # dQ's ways, all tried
-    first, *twins = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)[:3])
-    # ... the default's tiles each way, first of all
-    assert twins == [first.replace(dq_mode="atomic"), first.replace(dq_mode="tma_reduce", loads="tma_host")]
+    assert {t.params["dq_mode"] for t in study.trials} == {"separate"}  # sm90 searches its measured winner only
+    first, *after = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number))
+    # ... the default first, then its one-knob neighbours that pass the static rules, in order
+    assert first == bucket_default(bucket, "sm90")
+    moves = [m for m in local_moves(space_for("sm90", "bwd"), first)
+             if prune_reason(space_for("sm90", "bwd"), bucket.kernel_spec(), bucket, m) is None]
+    assert len(moves) >= 6 and after[:len(moves)] == moves
     assert db.get(VALID, bucket).params == r.best
     problem = Problem(batch=8, heads_q=32, heads_kv=32, seqlen_q=2000, seqlen_k=2000, head_dim=64, dtype="bf16",
                       mask="causal", window_left=-1, window_right=0, sm_scale=0.125, softcap=0.0)
@@ -401,6 +405,53 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev, direction: VALID)
     assert choose(problem, device, "bwd").params == r.best
     assert choose(problem, device, "fwd").source != "db"
+
+
+def test_backward_dq_twins_where_the_space_has_both_ways(tmp_path):
+    """Where a backward space holds both dQ ways (sm80: not yet measured), every study
+    starts with the default's tiles each way, right after the default."""
+    bucket = Bucket("bwd", "fp16", 64, "none", False, 1, 1024, 1024, 256)
+    _, storage, _, [r] = _tune(tmp_path, [bucket], trials=4, arch="sm80",
+                               evaluator=CostModelEvaluator(optimum=TuningParams(64, 32, 4, 2, "pointer")))
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    first, twin = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)[:2])
+    assert first == bucket_default(bucket, "sm80") and twin == first.replace(dq_mode="atomic")
+
+
+def test_each_bucket_samples_its_own_random_points(tmp_path):
+    """Studies of different buckets get different sampler seeds (reproducible per bucket),
+    so their random start-up trials differ instead of repeating one sequence everywhere."""
+    from fa2gen.tuner.study import bucket_seed
+
+    a, b = Bucket("bwd", "fp16", 128, "none", False, 1, 4096, 4096, 64), Bucket("bwd", "bf16", 128, "none", False, 1, 4096, 4096, 64)
+    assert bucket_seed(0, a) == bucket_seed(0, a) != bucket_seed(0, b) and bucket_seed(None, a) is None
+    _, storage, _, _ = _tune(tmp_path, [a, b], trials=14)
+    sampled = []
+    for bucket in (a, b):
+        study = optuna.load_study(study_name=[s.study_name for s in storage.get_all_studies()
+                                              if s.study_name.endswith(bucket.key)][0], storage=storage)
+        sampled.append([TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)
+                        if "fixed_params" not in t.system_attrs])
+    assert sampled[0] and sampled[1] and sampled[0] != sampled[1]
+
+
+def test_local_moves_are_one_knob_steps():
+    space = space_for("sm90", "bwd")
+    p = TuningParams(128, 32, 8, 3, "pointer")
+    moves = local_moves(space, p)
+    assert moves == [p.replace(block_n=16), p.replace(block_n=64), p.replace(num_stages=2), p.replace(num_stages=4),
+                     p.replace(loads="tma_host"), p.replace(num_warps=4), p.replace(num_warps=16), p.replace(block_m=64),
+                     p.replace(block_m=256)]
+    # ends of a range move one way only; values outside the space are not proposed
+    edge = TuningParams(16, 16, 4, 1, "pointer")
+    assert local_moves(space, edge) == [edge.replace(block_n=32), edge.replace(num_stages=2),
+                                        edge.replace(loads="tma_host"), edge.replace(num_warps=8),
+                                        edge.replace(block_m=32)]
+    sm80 = space_for("sm80", "bwd")
+    p80 = TuningParams(64, 64, 4, 3, "pointer")
+    assert local_moves(sm80, p80) == [p80.replace(block_n=32), p80.replace(block_n=128), p80.replace(num_stages=2),
+                                      p80.replace(num_warps=8),
+                                      p80.replace(block_m=32), p80.replace(block_m=128), p80.replace(dq_mode="atomic")]
 
 
 def test_tune_command_body_with_directions(tmp_path):

@@ -15,7 +15,7 @@ from ..store.buckets import Bucket
 from ..store.db import TunedDB
 from ..store.records import Entry, Validity
 from .evaluate import Evaluator
-from .space import SearchSpace, space_for
+from .space import SearchSpace, local_moves, prune_reason, space_for
 from .study import BucketResult, study_name, tune_bucket
 
 NEIGHBOURS = 3  # best configs of the nearest tuned buckets enqueued as warm starts
@@ -87,6 +87,16 @@ def _dq_twins(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list
     return twins
 
 
+def _moves(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list[TuningParams]:
+    """The default's one-knob neighbours that pass the static rules (a pruned warm start
+    would spend a trial): with few trials a study measures the default's surroundings
+    before the sampler's guesses. In the H200's first backward re-tune (16 trials, 8 of
+    them random start-up) the studies beat their default by over 2% in 2 of 72 buckets and
+    had tried 48 of the 548 one-knob neighbours."""
+    spec = bucket.kernel_spec()
+    return [p for p in local_moves(space, default) if prune_reason(space, spec, bucket, p) is None]
+
+
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
     """Best params of the nearest already-tuned buckets of the same kernel."""
     entries = [e for e in db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
@@ -134,7 +144,8 @@ def tune(
         result = tune_bucket(
             bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
-            warm_start=_dq_twins(bucket, default, bucket_space) + neighbour_params(db, validity, bucket),
+            warm_start=(_dq_twins(bucket, default, bucket_space) + neighbour_params(db, validity, bucket)
+                        + _moves(bucket, default, bucket_space)),
             default=default,
             on_progress=on_progress,
         )

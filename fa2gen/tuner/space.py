@@ -81,17 +81,42 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 
 
 # The backward: pointer loads or host descriptors (no in-kernel ones), short loop steps down
-# to 16 rows, which its register budget favours, and dQ either way. On sm90 also 16 warps:
-# the dK/dV kernel's two fp32 accumulators of 128 x D spill at D=128 over 8 warps' registers
-# (perf-notes v11), and PyTorch's FlexAttention picks 16 warps for its D=128 backward on
-# Hopper (0.77x cuDNN on this H200 in the shared anchors, against our 0.60x).
+# to 16 rows, which its register budget favours, and up to 5 stages. dQ in its own kernel
+# only on sm90: summing it from the dK/dV kernel (per-element atomics, or bulk reductions
+# through host descriptors) lost in all 72 buckets of the H200 re-tune, 0.74x and 0.72x of
+# the same tiles' separate kernel (benchmarks/results/dq-modes-h200.md). They stay available
+# to `fa2gen generate` and attention(), only no longer searched there; other arches keep
+# both ways until measured. 16 warps on sm90: every one tried so far lost (0.40x its
+# bucket's winner at best), but not yet 128x64 with 3 stages, FlexAttention's Hopper tile.
 BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
-                      ("separate", "atomic", "tma_reduce") if arch == "sm90" else ("separate", "atomic"))
+                      ("separate",) if arch == "sm90" else ("separate", "atomic"))
     for arch in SPACES
 }
+
+# Knobs whose values are ordered (sizes, counts): a local move goes to the next value either side.
+_ORDERED = {"block_m", "block_n", "num_warps", "num_stages"}
+
+
+def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
+    """The points of ``space`` one knob away from ``params``: each ordered knob one step
+    down and up (tile sizes halved and doubled, one stage fewer and more), every other
+    value of the unordered ones. Ordered by knob as the H200's backward winners differ most
+    from one bucket to the next: loop step, stages, load path, warps, then owned rows."""
+    order = ["block_n", "num_stages", "loads", "num_warps", "block_m", "dq_mode"]
+    moves = []
+    for name in order:
+        values = space.choices()[name]
+        current = getattr(params, name)
+        if name in _ORDERED and current in values:
+            i = values.index(current)
+            others = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+        else:
+            others = [v for v in values if v != current]
+        moves += [params.replace(**{name: v}) for v in others]
+    return [m for m in moves if space.contains(m)]
 
 
 def space_for(arch: str, direction: str = "fwd") -> SearchSpace:
