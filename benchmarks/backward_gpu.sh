@@ -7,16 +7,24 @@
 #        "tune" re-tunes the backward buckets ($TUNE_GRID, default the built-in grid) into the
 #        state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS (default 400).
 #        "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
-# One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host.
+# One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
+# (benchmarks/on_gpus.sh). $BUDGET_SECONDS caps the whole run: a step gets what is left of it,
+# and one with under 20 s left is skipped, so the summary is always written.
 # A device machine returns at most a few files: tar OUT_DIR afterwards.
 set -uo pipefail
 out=$1
 shift
 steps=${*:-tests dqab bench memory train}
-mkdir -p "$out"
+mkdir -p "$out" && touch "$out/summary.txt"
+deadline=$(( SECONDS + ${BUDGET_SECONDS:-86400} ))
 run() {  # name seconds command...
-  local name=$1 secs=$2
+  local name=$1 secs=$2 left=$(( deadline - SECONDS - 5 ))
   shift 2
+  if (( left < 20 )); then
+    echo "$name: skipped, $left s left of the budget" | tee -a "$out/summary.txt"
+    return
+  fi
+  (( secs > left )) && secs=$left
   local t0=$SECONDS
   timeout "$secs" "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
