@@ -1,8 +1,9 @@
 """The backward's ways to compute dQ, compared from the tuner's own studies.
 
-Every backward study starts with the default tiles once in each dQ mode (see
-fa2gen.tuner.run), so each bucket holds a same-tiles A/B of the modes, plus whatever else
-the sampler tried in each. This reads one or more Optuna storages and prints, per bucket,
+A backward study whose space holds several dQ modes starts with the default's tiles once
+in each (see fa2gen.tuner.run), so each bucket holds a same-tiles A/B of the modes, plus
+whatever else the sampler tried in each. (The sm90 space searches one mode since the
+H200 measurement in benchmarks/results/dq-modes-h200.md: its later studies have no A/B.) This reads one or more Optuna storages and prints, per bucket,
 the same-tiles TFLOP/s of each mode and the best TFLOP/s each mode reached, then geomeans of
 each mode against "separate". Markdown on stdout; --json writes the numbers.
 
@@ -37,8 +38,12 @@ def bucket_rows(storage: str) -> list[dict]:
             continue
         best = {m: max((t.user_attrs["tflops"] for t in done if t.params.get("dq_mode") == m), default=None)
                 for m in MODES}
-        # The warm-start twins: the first trial's tiles in every mode.
-        tiles = tuple(done[0].params[k] for k in _TILE_KEYS)
+        # The warm-start twins: the default's tiles (the first trial enqueued, whatever
+        # became of it) in every mode.
+        first = study.trials[0].params
+        if not all(k in first for k in _TILE_KEYS):
+            continue
+        tiles = tuple(first[k] for k in _TILE_KEYS)
         same = {}
         for t in done:
             m = t.params.get("dq_mode")

@@ -184,7 +184,10 @@ def test_trial_killed_while_asked_is_not_guessed(tmp_path, monkeypatch):
 
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.sqlite'}")
     prefix = f"{VALID.device}|{VALID.capability}|{VALID.triton}|{VALID.template_hash}"
-    study = optuna.create_study(study_name=study_mod.study_name(prefix, B4K), storage=storage, direction="minimize")
+    study = optuna.create_study(study_name=study_mod.study_name(prefix, B4K, space_for("sm90")), storage=storage,
+                                direction="minimize")
+    # Two knobs away from the default, so that no warm start (a one-knob move) is that point.
+    study.enqueue_trial({"block_m": 16, "block_n": 256})
     trial = study.ask()  # RUNNING, as the killed tuner left it
     trial.suggest_categorical("block_m", space_for("sm90").block_m)
     trial.suggest_categorical("block_n", space_for("sm90").block_n)
@@ -433,6 +436,27 @@ def test_each_bucket_samples_its_own_random_points(tmp_path):
         sampled.append([TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)
                         if "fixed_params" not in t.system_attrs])
     assert sampled[0] and sampled[1] and sampled[0] != sampled[1]
+
+
+def test_a_changed_space_starts_new_studies(tmp_path, monkeypatch):
+    """Optuna cannot resume a study whose categorical choices changed: a tuner whose space
+    lost a choice starts a study of its own and leaves the old one as it was."""
+    import dataclasses
+
+    import fa2gen.tuner.run as run_mod
+
+    bucket = Bucket("bwd", "fp16", 64, "none", False, 1, 1024, 1024, 256)
+    wide = dataclasses.replace(space_for("sm90", "bwd"), dq_mode=("separate", "atomic", "tma_reduce"))
+    monkeypatch.setattr(run_mod, "space_for", lambda arch, direction="fwd": wide)
+    _, storage, _, _ = _tune(tmp_path, [bucket], trials=4)
+    monkeypatch.undo()
+    old = storage.get_all_studies()
+    assert len(old) == 1 and old[0].study_name.split("|")[-2] == wide.digest()
+    before = len(optuna.load_study(study_name=old[0].study_name, storage=storage).trials)
+    _, storage, _, [r] = _tune(tmp_path, [bucket], trials=4)  # raised ValueError when both shared one name
+    names = {s.study_name: s for s in storage.get_all_studies()}
+    assert r.best is not None and len(names) == 2 and space_for("sm90", "bwd").digest() != wide.digest()
+    assert len(optuna.load_study(study_name=old[0].study_name, storage=storage).trials) == before
 
 
 def test_local_moves_are_one_knob_steps():

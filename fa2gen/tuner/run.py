@@ -134,13 +134,13 @@ def tune(
             on_bucket_start(i, bucket)
         validity = validity_for(bucket)
         prefix = f"{validity.device}|{validity.capability}|{validity.triton}|{validity.template_hash}"
+        bucket_space = space_for(space.arch, bucket.direction)
         if not options.resume:
             try:
-                optuna.delete_study(study_name=study_name(prefix, bucket), storage=storage)
+                optuna.delete_study(study_name=study_name(prefix, bucket, bucket_space), storage=storage)
             except KeyError:
                 pass
         default = bucket_default(bucket, space.arch)
-        bucket_space = space_for(space.arch, bucket.direction)
         result = tune_bucket(
             bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,

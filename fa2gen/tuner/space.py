@@ -6,6 +6,7 @@ reason, so the sampler learns to avoid it (failed trials would be proposed again
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, fields
 
 from ..generator.arch import ARCHES, fits
@@ -34,6 +35,11 @@ class SearchSpace:
 
     def contains(self, params: TuningParams) -> bool:
         return all(getattr(params, name) in values for name, values in self.choices().items())
+
+    def digest(self) -> str:
+        """Short hash of the choices: a study belongs to one space (Optuna cannot resume a
+        study whose categorical choices changed), so studies are named with it."""
+        return hashlib.sha256(repr(sorted(self.choices().items())).encode()).hexdigest()[:8]
 
 
 _TILES = (16, 32, 64, 128, 256)

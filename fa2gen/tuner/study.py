@@ -63,8 +63,10 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     raise ValueError(f"--sampler: choose tpe or brute, got {name!r}")
 
 
-def study_name(prefix: str, bucket: Bucket) -> str:
-    return f"{prefix}|{bucket.key}"
+def study_name(prefix: str, bucket: Bucket, space: SearchSpace) -> str:
+    # The space's digest: a changed space (a knob's choices) starts new studies rather than
+    # failing to resume the old ones, which stay in the storage as they were.
+    return f"{prefix}|{space.digest()}|{bucket.key}"
 
 
 def _me() -> str:
@@ -174,7 +176,7 @@ def tune_bucket(
 ) -> BucketResult:
     """Run (or resume) the study for ``bucket`` until it has ``trials`` finished trials."""
     spec = bucket.kernel_spec()
-    study = optuna.create_study(study_name=study_name(name_prefix, bucket), storage=storage, direction="minimize",
+    study = optuna.create_study(study_name=study_name(name_prefix, bucket, space), storage=storage, direction="minimize",
                                 sampler=make_sampler(sampler, bucket_seed(seed, bucket)), load_if_exists=True)
     orphans = _fail_orphans(study)
     if orphans:
@@ -183,7 +185,9 @@ def tune_bucket(
     # by a killed run) are not decided: they run again when proposed or enqueued.
     seen: dict[TuningParams, optuna.trial.FrozenTrial] = {
         params_of(t.params): t for t in study.get_trials(deepcopy=False, states=DECIDED)}
-    queued = {params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    # Waiting, or running in another live tuner on the same study: not enqueued twice.
+    queued = {params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+              if set(space.choices()) <= set(t.params)}
     # A run killed while its trial was being asked leaves only the params suggested so far:
     # that point is unknown, so only complete ones are queued again.
     names = set(space.choices())
