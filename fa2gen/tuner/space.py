@@ -93,7 +93,8 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 # the same tiles' separate kernel (benchmarks/results/dq-modes-h200.md). They stay available
 # to `fa2gen generate` and attention(), only no longer searched there; other arches keep
 # both ways until measured. 16 warps on sm90: every one tried so far lost (0.40x its
-# bucket's winner at best), but not yet 128x64 with 3 stages, FlexAttention's Hopper tile.
+# bucket's winner at best), but none had 128x64 tiles and 3 stages, FlexAttention's D=128
+# Hopper tile (with 8 warps in torch 2.13's heuristics); the default's one-knob moves reach it.
 BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
