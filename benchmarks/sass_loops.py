@@ -1,0 +1,104 @@
+"""Instructions per loop iteration of generated kernels, from their SASS, without a GPU.
+
+Compiles a variant for sm90 as a GPU launch would specialise it (fa2gen.generator.ahead),
+assembles it with the bundled ptxas, disassembles it with the bundled nvdisasm and counts,
+for every loop that holds tensor-core instructions (HGMMA), its instructions, its HGMMAs
+and its local-memory loads (LDL: spilled registers read back). Loops nest: an outer loop's
+count includes its inner loops. Also reports spills and ptxas's C7515 warning (wgmma
+serialised). A shorter loop body for the same HGMMAs is less non-matmul work per FLOP;
+whether that is faster is for the GPU to say.
+
+usage: python benchmarks/sass_loops.py --direction bwd --head-dim 128 --mask none 128,32,8,3,pointer [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+
+def loop_stats(sass: str) -> list[dict]:
+    """Backward branches in disassembly order: each closes a loop from its target label."""
+    labels, body = {}, []
+    for line in sass.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(body)
+            continue
+        ins = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if ins:
+            body.append(ins.group(1))
+    loops = []
+    for end, ins in enumerate(body):
+        branch = re.search(r"BRA\s+.*?(\.L_x_\d+)", ins)
+        start = labels.get(branch.group(1)) if branch else None
+        if start is not None and start < end:
+            span = body[start:end + 1]
+            hgmma = sum("HGMMA" in x for x in span)
+            if hgmma:
+                loops.append({"instructions": len(span), "hgmma": hgmma, "ldl": sum("LDL" in x for x in span)})
+    return loops
+
+
+def analyse(direction: str, head_dim: int, mask: str, params, arch: str = "sm90") -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fa2gen.generator import ahead
+    from fa2gen.generator.cache import load_module
+    from fa2gen.generator.spec import KernelSpec
+
+    spec = KernelSpec(direction=direction, head_dim=head_dim, mask=mask)
+    module = load_module(spec, params)
+    cc = int(arch.removeprefix("sm"))
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    out = {}
+    for name in ahead.kernels_of(spec, params):
+        if name in ahead.PASS_KERNELS:
+            continue
+        fn = getattr(module, name)
+        constexprs = ahead._constexprs(spec, params, name)
+        signature = ahead._signature(fn, constexprs, spec, params)
+        kernel = triton.compile(ASTSource(fn, signature=signature, constexprs=constexprs,
+                                          attrs=ahead._attrs(fn, signature, spec)),
+                                target=GPUTarget("cuda", cc, 32),
+                                options={"num_warps": params.num_warps, "num_stages": params.num_stages})
+        with tempfile.TemporaryDirectory() as tmp:
+            ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+            with open(ptx, "w") as f:
+                f.write(kernel.asm["ptx"])
+            done = subprocess.run([os.path.join(tools, "ptxas"), "-v", f"--gpu-name=sm_{cc}a", ptx, "-o", cubin],
+                                  capture_output=True, text=True, check=True)
+            sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
+                                  capture_output=True, text=True, check=True).stdout
+        spill = re.search(r"(\d+) bytes spill stores", done.stderr)
+        out[name] = {"spill_bytes": int(spill.group(1)) if spill else 0, "c7515": "C7515" in done.stderr,
+                     "loops": loop_stats(sass)}
+    return out
+
+
+def main() -> None:
+    from fa2gen.generator.spec import TuningParams
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--direction", default="bwd", choices=("fwd", "bwd"))
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--mask", default="none")
+    ap.add_argument("--arch", default="sm90")
+    ap.add_argument("params", nargs="+", help="block_m,block_n,num_warps,num_stages,loads[,dq_mode]")
+    args = ap.parse_args()
+    for text in args.params:
+        fields = text.split(",")
+        params = TuningParams(*map(int, fields[:4]), *fields[4:])
+        for name, r in analyse(args.direction, args.head_dim, args.mask, params, args.arch).items():
+            loops = "  ".join(f"[{x['instructions']} ins, {x['hgmma']} HGMMA, {x['ldl']} LDL]" for x in r["loops"])
+            warn = "  C7515 (wgmma serialised)" if r["c7515"] else ""
+            print(f"D={args.head_dim} {args.mask} {params.label()} {name}: spills {r['spill_bytes']} B{warn}  {loops}")
+
+
+if __name__ == "__main__":
+    main()
