@@ -129,8 +129,8 @@ class TuningParams:
 
 # The backward's memory-bound passes (delta = rowsum(dO * O), and the atomic path's dQ
 # store) take their own small tiles: at the matmul kernels' 128 rows they held 2 x 128 x D
-# values per 128 threads (214-255 registers, spilling at D >= 128 in ptxas for sm90), which
-# starves a pass that only streams memory. 2048 elements per 4-warp program: 56-80 registers.
+# values per 128 threads, which starves a pass that only streams memory of occupancy.
+# 2048 elements per 4-warp program: 32 registers (ptxas for sm90, benchmarks/results/registers-bwd-sm90.json).
 PASS_WARPS = 4
 
 
