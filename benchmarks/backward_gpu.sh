@@ -2,8 +2,10 @@
 # The backward pass's GPU measurements in one run, each step time-boxed so that one slow
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
-# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab sweep tune bench fwdbwd
-#        memory train; default: tests dqab bench memory train). "tests" runs the whole GPU suite.
+# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab tplab sweep tune bench
+#        fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole GPU suite.
+#        "tplab" times the backward template $AB_B against $AB_A (default: the working tree's) at the
+#        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
 #        "tune" re-tunes the backward buckets ($TUNE_GRID, default the built-in grid) into the
 #        state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS (default 400).
 #        "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
@@ -33,6 +35,11 @@ for step in $steps; do
   case $step in
     tests) run gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
     dqab) run dq-ab 300 python3 benchmarks/dq_ab.py --out "$out/dq-ab-fp16.json" ;;
+    tplab)
+      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
+        run "template-ab-$dt" 420 python3 benchmarks/template_ab.py --a "${AB_A:-fa2gen/templates/attn_bwd.py.jinja}" \
+          --b "$AB_B" --dtype "$dt" --out "$out/template-ab-$dt.json"
+      done ;;
     tune)
       state=${TUNE_STATE:-.tune-state}
       # The tuner's own budget fits what is left, with a minute for the import, the copies
@@ -70,5 +77,5 @@ for step in $steps; do
 done
 cat "$out/summary.txt"
 tail -n 3 "$out"/gpu-tests.log 2>/dev/null
-grep -h geomean "$out"/bench-*.log "$out"/dq-ab.log 2>/dev/null
+grep -h geomean "$out"/bench-*.log "$out"/dq-ab.log "$out"/template-ab-*.log 2>/dev/null
 tail -n 6 "$out"/memory.log "$out"/train.log 2>/dev/null
