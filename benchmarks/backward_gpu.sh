@@ -38,7 +38,7 @@ for step in $steps; do
     tplab)
       for dt in ${BENCH_DTYPES:-fp16 bf16}; do
         run "template-ab-$dt" 420 python3 benchmarks/template_ab.py --a "${AB_A:-fa2gen/templates/attn_bwd.py.jinja}" \
-          --b "$AB_B" --dtype "$dt" --out "$out/template-ab-$dt.json"
+          --b "${AB_B:?tplab needs AB_B, the template to time against AB_A}" --dtype "$dt" --out "$out/template-ab-$dt.json"
       done ;;
     tune)
       state=${TUNE_STATE:-.tune-state}

@@ -48,7 +48,7 @@ def use_template(path: str) -> None:
     rendering.template_hash.cache_clear()
 
 
-def plan(template: str, dtype: str, path: str) -> None:
+def plan(template: str, path: str, dtype: str) -> None:
     """Write the params to time per cell: dispatched under ``template``, and the default."""
     use_template(template)
     import torch
