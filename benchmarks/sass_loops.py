@@ -44,40 +44,20 @@ def loop_stats(sass: str) -> list[dict]:
 
 
 def analyse(direction: str, head_dim: int, mask: str, params, arch: str = "sm90") -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from fa2gen.generator import ahead
-    from fa2gen.generator.cache import load_module
     from fa2gen.generator.spec import KernelSpec
 
     spec = KernelSpec(direction=direction, head_dim=head_dim, mask=mask)
-    module = load_module(spec, params)
-    cc = int(arch.removeprefix("sm"))
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     out = {}
-    for name in ahead.kernels_of(spec, params):
+    for name, kernel in ahead.compiled_kernels(spec, params, arch):
         if name in ahead.PASS_KERNELS:
             continue
-        fn = getattr(module, name)
-        constexprs = ahead._constexprs(spec, params, name)
-        signature = ahead._signature(fn, constexprs, spec, params)
-        kernel = triton.compile(ASTSource(fn, signature=signature, constexprs=constexprs,
-                                          attrs=ahead._attrs(fn, signature, spec)),
-                                target=GPUTarget("cuda", cc, 32),
-                                options={"num_warps": params.num_warps, "num_stages": params.num_stages})
         with tempfile.TemporaryDirectory() as tmp:
-            ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-            with open(ptx, "w") as f:
-                f.write(kernel.asm["ptx"])
-            done = subprocess.run([os.path.join(tools, "ptxas"), "-v", f"--gpu-name=sm_{cc}a", ptx, "-o", cubin],
-                                  capture_output=True, text=True, check=True)
-            sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
+            cubin = os.path.join(tmp, "k.cubin")
+            report = ahead.assemble(kernel, arch, cubin, name=name)
+            sass = subprocess.run([ahead.nvidia_tool("nvdisasm"), "-c", cubin],
                                   capture_output=True, text=True, check=True).stdout
-        spill = re.search(r"(\d+) bytes spill stores", done.stderr)
-        out[name] = {"spill_bytes": int(spill.group(1)) if spill else 0, "c7515": "C7515" in done.stderr,
-                     "loops": loop_stats(sass)}
+        out[name] = {"spill_bytes": ahead.spill_bytes(report), "c7515": "C7515" in report, "loops": loop_stats(sass)}
     return out
 
 

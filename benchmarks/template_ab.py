@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import tempfile
+
+from fa2gen.bench.runner import geomean
 
 
 def use_template(path: str) -> None:
@@ -38,11 +39,9 @@ def use_template(path: str) -> None:
     def source(direction: str) -> str:
         return src if direction == "bwd" else original(direction)
 
-    env = jinja2.Environment(
-        loader=jinja2.ChoiceLoader([jinja2.DictLoader({rendering.TEMPLATES["bwd"]: src}),
-                                    jinja2.PackageLoader("fa2gen", "templates")]),
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
-        lstrip_blocks=True, autoescape=False)
+    base = rendering._environment()
+    # The package's environment and options, with the backward template taken from ``path``.
+    env = base.overlay(loader=jinja2.ChoiceLoader([jinja2.DictLoader({rendering.TEMPLATES["bwd"]: src}), base.loader]))
     rendering.template_source = source
     rendering._environment = lambda: env
     rendering.template_hash.cache_clear()
@@ -106,11 +105,6 @@ def worker(template: str, plan_path: str, out_path: str) -> None:
         json.dump({"template_hash": template_hash("bwd"), "cells": rows}, f)
 
 
-def gmean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(map(math.log, xs)) / len(xs))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, help="backward template A (the reference)")
@@ -153,9 +147,9 @@ def main() -> None:
     for n in names:
         for d in (64, 128):
             sel = [r[n] for r in table if f"D={d} " in r["cell"]]
-            print(f"geomean B/A {n:10s} D={d}: {gmean(x['B/A'] for x in sel):.3f}  "
+            print(f"geomean B/A {n:10s} D={d}: {geomean(x['B/A'] for x in sel):.3f}  "
                   f"(largest run-to-run spread A {max(x['spread A'] for x in sel):.1%}, B {max(x['spread B'] for x in sel):.1%})")
-        print(f"geomean B/A {n:10s} all  : {gmean(r[n]['B/A'] for r in table):.3f}")
+        print(f"geomean B/A {n:10s} all  : {geomean(r[n]['B/A'] for r in table):.3f}")
 
 
 if __name__ == "__main__":

@@ -101,19 +101,16 @@ def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
     return {**dims, "OUTER": params.block_m, "INNER": params.block_n}
 
 
-def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> dict[str, Resources]:
-    """Compile every kernel of a variant for ``arch`` (e.g. "sm90", "sm80") and assemble it
-    with ptxas. Raises what the compiler raises; returns each kernel's resources."""
+def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90"):
+    """Each kernel of a variant compiled for ``arch`` (e.g. "sm90", "sm80") as a GPU launch
+    specialises it, without a GPU: yields (kernel name, Triton's compiled kernel)."""
     if interpreting():
         raise RuntimeError("compiling ahead needs compiled Triton: unset TRITON_INTERPRET")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    cc = int(arch.removeprefix("sm"))
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     module = load_module(spec, params)
-    out = {}
     for name in kernels_of(spec, params):
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
@@ -121,18 +118,43 @@ def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> d
                    else {"num_warps": params.num_warps, "num_stages": params.num_stages})
         signature = _signature(fn, constexprs, spec, params)
         source = ASTSource(fn, signature=signature, constexprs=constexprs, attrs=_attrs(fn, signature, spec))
-        kernel = triton.compile(source, target=GPUTarget("cuda", cc, 32), options=options)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, f"{name}.ptx")
-            with open(path, "w") as f:
-                f.write(kernel.asm["ptx"])
-            gpu = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
-            done = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", path, "-o", os.devnull],
-                                  capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"ptxas failed on {name}: {done.stderr.strip()[:300]}")
-        regs = re.search(r"Used (\d+) registers", done.stderr)
-        spill = re.search(r"(\d+) bytes spill stores", done.stderr)
-        out[name] = Resources(int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else 0,
-                              kernel.metadata.shared)
+        yield name, triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
+
+
+def nvidia_tool(name: str) -> str:
+    """Path of a tool Triton bundles (ptxas, nvdisasm)."""
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def assemble(kernel, arch: str, cubin: str = os.devnull, *, name: str = "kernel") -> str:
+    """Assemble a compiled kernel's PTX with the bundled ptxas (into ``cubin``); returns
+    ptxas's verbose report. Raises if ptxas fails."""
+    cc = int(arch.removeprefix("sm"))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.ptx")
+        with open(path, "w") as f:
+            f.write(kernel.asm["ptx"])
+        gpu = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
+        done = subprocess.run([nvidia_tool("ptxas"), "-v", f"--gpu-name={gpu}", path, "-o", cubin],
+                              capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"ptxas failed on {name}: {done.stderr.strip()[:300]}")
+    return done.stderr
+
+
+def spill_bytes(report: str) -> int:
+    spill = re.search(r"(\d+) bytes spill stores", report)
+    return int(spill.group(1)) if spill else 0
+
+
+def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> dict[str, Resources]:
+    """Compile every kernel of a variant for ``arch`` and assemble it with ptxas. Raises
+    what the compiler raises; returns each kernel's resources."""
+    out = {}
+    for name, kernel in compiled_kernels(spec, params, arch):
+        report = assemble(kernel, arch, name=name)
+        regs = re.search(r"Used (\d+) registers", report)
+        out[name] = Resources(int(regs.group(1)) if regs else None, spill_bytes(report), kernel.metadata.shared)
     return out
