@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 DIRECTIONS = ("fwd", "bwd")
-DTYPES = ("fp16", "bf16")
+DTYPES = ("fp16", "bf16", "fp8e4m3")
+FP8_DTYPES = ("fp8e4m3",)  # forward only: e4m3 inputs with descaling factors, bf16 output
 MASKS = ("none", "causal", "local")
 LOADS = ("pointer", "tma_device", "tma_host")
 TMA_LOADS = ("tma_device", "tma_host")
@@ -45,7 +46,9 @@ class KernelSpec:
     """The function a generated kernel computes.
 
     direction: "fwd", or "bwd" (the three backward kernels: delta, dK/dV, dQ).
-    dtype: element type of q/k/v/o.
+    dtype: element type of q/k/v: "fp16" or "bf16" (o in the same type), or "fp8e4m3"
+        (forward only: q, k, v in e4m3 with per-tensor or per-head descaling factors, V
+        staged transposed, P rounded to e4m3 for its matmul, o in bf16).
     head_dim: D, any multiple of 8 in [16, 256]; padded to a power of two inside.
     mask: "none", "causal" (bottom-right aligned) or "local" (sliding window whose
         left/right extents are runtime arguments; causal+window is "local" with right=0).
@@ -64,6 +67,21 @@ class KernelSpec:
         _check_choice("KernelSpec", "head_dim", self.head_dim, HEAD_DIMS)
         _check_choice("KernelSpec", "mask", self.mask, MASKS)
         _check_choice("KernelSpec", "softcap", self.softcap, (False, True))
+        if self.dtype in FP8_DTYPES and self.direction != "fwd":
+            raise SpecError(f"KernelSpec.dtype: {self.dtype} is forward only; the backward takes fp16 or bf16")
+
+    @property
+    def fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def out_dtype(self) -> str:
+        """Element type of the output: bf16 for fp8 inputs, else the inputs' own."""
+        return "bf16" if self.fp8 else self.dtype
+
+    @property
+    def element_bytes(self) -> int:
+        return 1 if self.fp8 else 2
 
     @property
     def head_dim_padded(self) -> int:
@@ -156,6 +174,11 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "dq_mode is a backward knob; the forward takes the default 'separate'"
     if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
         return "dq_mode tma_reduce adds through a host tensor descriptor: it needs loads=tma_host"
+    # fp8 tensor-core matmuls reduce over at least 32 elements: keys in P @ V, the head in Q @ K^T
+    if spec.fp8 and params.block_n < 32:
+        return "fp8 needs block_n >= 32 (its P @ V matmul reduces over 32 keys at a time)"
+    if spec.fp8 and spec.head_dim_padded < 32:
+        return "fp8 needs head_dim > 16 (its Q @ K^T matmul reduces over 32 columns at a time)"
     return None
 
 

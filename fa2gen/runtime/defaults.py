@@ -78,7 +78,7 @@ def shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningPa
     while fits(spec, params, arch) is not None:
         if params.num_stages > 1:
             params = params.replace(num_stages=params.num_stages - 1)
-        elif params.block_n > 16:
+        elif params.block_n > (32 if spec.fp8 else 16):  # fp8 matmuls reduce over >= 32 keys
             params = params.replace(block_n=params.block_n // 2)
         elif params.block_m > 16:
             params = params.replace(block_m=params.block_m // 2)

@@ -25,12 +25,19 @@ def visible(problem: Problem, device) -> torch.Tensor | None:
     return keep
 
 
-def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float32):
+# fp8 kernels keep P at 2**P_SHIFT times exp(s - row max) when they round it to e4m3
+# (attn_fwd.py.jinja); the emulation below does the same.
+P_SHIFT = 8
+
+
+def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float32, p_dtype=None):
     """(out, lse) for ``problem``; matmuls in ``compute_dtype``, softmax statistics in fp32
     (fp64 when ``compute_dtype`` is fp64).
 
     With compute_dtype equal to the input dtype this mimics what PyTorch itself would
     get in that precision (the baseline of flash-attention's error criterion).
+    ``p_dtype`` (an fp8 type): emulate the fp8 kernel's one deliberate rounding, P rounded to
+    that type for P @ V, kept 2**P_SHIFT above exp(s - row max) as the kernel keeps it.
     """
     stats = torch.promote_types(compute_dtype, torch.float32)
     g = problem.group
@@ -45,7 +52,13 @@ def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float3
         s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     empty = torch.isinf(lse) & (lse < 0)
-    p = torch.exp(s - torch.where(empty, 0.0, lse)[..., None])
-    out = torch.matmul(p.to(compute_dtype), vc).to(stats)
+    if p_dtype is None:
+        p = torch.exp(s - torch.where(empty, 0.0, lse)[..., None])
+        out = torch.matmul(p.to(compute_dtype), vc).to(stats)
+    else:
+        top = s.amax(dim=-1)
+        p = torch.exp(s - torch.where(empty, 0.0, top)[..., None]) * 2.0 ** P_SHIFT
+        l_sum = torch.where(empty, 1.0, p.sum(-1))
+        out = torch.matmul(p.to(p_dtype).to(compute_dtype), vc).to(stats) / l_sum[..., None]
     out = out.masked_fill(empty[..., None], 0.0)
     return out.to(q.dtype), lse
