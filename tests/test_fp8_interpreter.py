@@ -213,3 +213,13 @@ def test_dequantized_per_head():
     problem = make_problem(q, q, q)
     got = dequantized(q, check_descales(problem, q.device, dq, None, None)[0])
     assert torch.allclose(got, q.float() * dq[:, :, None, None])
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_transposed_v_is_an_exact_transpose(layout):
+    from fa2gen.runtime.fp8 import transposed_v
+
+    (_, _, v), _ = quantized(2, 3, 3, 5, 37, 72, layout=layout)
+    vt = transposed_v(v)
+    assert vt.shape == (2, 3, 72, 37) and vt.stride(-2) % 16 == 0  # rows padded for descriptors
+    assert torch.equal(vt.view(torch.uint8), v.transpose(-1, -2).view(torch.uint8))

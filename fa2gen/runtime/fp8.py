@@ -8,6 +8,7 @@ non-finite factor gives a correspondingly wrong answer, as it would anywhere els
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -66,14 +67,49 @@ def no_descales(descale_q, descale_k, descale_v, dtype: torch.dtype) -> None:
             raise ValueError(f"{name} applies to fp8 inputs only; q is {dtype}")
 
 
+@functools.lru_cache(maxsize=1)
+def _transpose_kernel():
+    # Built on first use, so that TRITON_INTERPRET set after fa2gen is imported still applies.
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def transpose(V, VT, Hkv, N, stride_vb, stride_vh, stride_vn, stride_tb, stride_th, stride_td,
+                  D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+        # One (BLOCK keys x D) tile of one (batch, head) in, its transpose out; the compiler
+        # routes it through shared memory so that both sides stay coalesced.
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // Hkv).to(tl.int64)
+        h = (bh % Hkv).to(tl.int64)
+        keys = pid_n * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, D_PAD)
+        ok = (keys[:, None] < N) & (cols[None, :] < D)
+        x = tl.load(V + b * stride_vb + h * stride_vh + keys.to(tl.int64)[:, None] * stride_vn + cols[None, :], mask=ok)
+        tl.store(VT + b * stride_tb + h * stride_th + cols[:, None] * stride_td + keys[None, :], tl.trans(x),
+                 mask=tl.trans(ok))
+
+    return transpose
+
+
+_TRANSPOSE_BLOCK = 64
+
+
 def transposed_v(v: torch.Tensor) -> torch.Tensor:
     """V as (B, Hkv, D, Nk), each row padded to a 16-byte multiple so that tensor descriptors
-    can address it: sm90's fp8 matmul reads P @ V's V contiguous along keys. One extra copy of
-    V per call (a memory pass over Nk * D bytes per head)."""
+    can address it: sm90's fp8 matmul reads P @ V's V contiguous along keys. One extra pass
+    over V per call (Nk * D bytes per head read and written), by a tiled Triton transpose:
+    PyTorch's own strided copy of fp8 ran at 160 GB/s on an H200, 207 us at B=4 H=16 N=4096
+    D=128, a fifth of the attention's time."""
     b, h, n, d = v.shape
     padded = -(-n // 16) * 16
     vt = torch.empty((b, h, d, padded), dtype=v.dtype, device=v.device)[..., :n]
-    vt.copy_(v.transpose(-1, -2))
+    if b * h * n == 0:
+        return vt
+    d_pad = max(16, 1 << (d - 1).bit_length())
+    grid = (-(-n // _TRANSPOSE_BLOCK), b * h)
+    _transpose_kernel()[grid](v, vt, h, n, *v.stride()[:3], *vt.stride()[:3], D=d, D_PAD=d_pad,
+                              BLOCK=_TRANSPOSE_BLOCK)
     return vt
 
 
