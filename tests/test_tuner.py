@@ -47,6 +47,18 @@ def test_tune_beats_default_and_stores_the_winner(tmp_path):
     assert entry.speedup == pytest.approx(r.default_ms / r.measurement.median_ms)
 
 
+def test_tune_fp8_bucket(tmp_path):
+    """fp8 buckets tune like the others. On sm89 (fp8 without tensor descriptors), whose space
+    has 16-key steps, those are pruned: fp8 matmuls reduce over 32 at a time."""
+    fp8 = Bucket("fwd", "fp8e4m3", 128, "none", False, 1, 4096, 4096, 64)
+    assert 16 in space_for("sm89").block_n
+    db, storage, ev, [r] = _tune(tmp_path, [fp8], trials=30, arch="sm89")
+    assert db.get(VALID, fp8).params == r.best
+    assert ev.compiled and all(p.block_n >= 32 for p in ev.compiled)
+    small = TuningParams(block_m=64, block_n=16, num_warps=4, num_stages=2)
+    assert "block_n >= 32" in prune_reason(space_for("sm89"), fp8.kernel_spec(), fp8, small)
+
+
 def test_pruning_reasons_and_no_failed_trials(tmp_path):
     _, storage, _, _ = _tune(tmp_path, [B4K], trials=60)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
@@ -218,7 +230,10 @@ def test_grid_files(tmp_path):
     bs = buckets_from_grid({"problems": [{"dtypes": ["bf16"], "head_dims": [96], "masks": ["local"], "groups": [3],
                                           "seqlens_q": [100], "seqlens_k": [5000], "batch_heads": [48]}]})
     assert [b.key for b in bs] == ["fwd/bf16/d96/local/sc0/g4/q128/k8192/bh64"]
+    fp8 = buckets_from_grid({"problems": [{"dtypes": ["fp8e4m3"], "head_dims": [128], "seqlens": [4096]}]})
+    assert [b.kernel_spec().fp8 for b in fp8] == [True, True]  # none and causal
     for bad in ({"problems": [{"dtypes": ["fp8"]}]}, {"problems": [{"head_dims": [12]}]},
+                {"problems": [{"directions": ["bwd"], "dtypes": ["fp8e4m3"]}]},
                 {"problems": [{"seqlens": [0]}]}, {"problems": [{"colour": ["red"]}]}, {"problem": []},
                 {"problems": [{"seqlens": [5], "seqlens_q": [5]}]}, "problems"):
         with pytest.raises(GridError):
