@@ -6,8 +6,9 @@
 #        fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole GPU suite.
 #        "tplab" times the backward template $AB_B against $AB_A (default: the working tree's) at the
 #        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
-#        "tune" re-tunes the backward buckets ($TUNE_GRID, default the built-in grid) into the
-#        state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS (default 400).
+#        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
+#        built-in grid) into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS
+#        (default 400).
 #        "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
 # One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
 # (benchmarks/on_gpus.sh). $BUDGET_SECONDS caps the whole run: a step gets what is left of it,
@@ -45,17 +46,18 @@ for step in $steps; do
       # The tuner's own budget fits what is left, with a minute for the import, the copies
       # of its databases and the export, which a timeout would otherwise cut off.
       tune_s=${TUNE_SECONDS:-400}
+      dirs=${TUNE_DIRECTIONS:-bwd}
       left=$(( deadline - SECONDS - 90 ))
       (( tune_s > left )) && tune_s=$left
       if (( tune_s < 30 )); then
-        echo "tune-bwd: skipped, $left s left of the budget" | tee -a "$out/summary.txt"
+        echo "tune-$dirs: skipped, $left s left of the budget" | tee -a "$out/summary.txt"
         continue
       fi
       if [ ! -f "$state/tuned.sqlite" ]; then  # start from the shipped entries, so the export holds both directions
         mkdir -p "$state" && python3 -m fa2gen import tuned_configs/sm90/NVIDIA_H200.yaml --db "$state/tuned.sqlite"
       fi
-      run tune-bwd "$(( tune_s + 60 ))" bash benchmarks/tune_slice.sh "$state" \
-        "$out/tune" "$tune_s" --directions bwd --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
+      run "tune-$dirs" "$(( tune_s + 60 ))" bash benchmarks/tune_slice.sh "$state" \
+        "$out/tune" "$tune_s" --directions "$dirs" --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
     bench)

@@ -88,13 +88,13 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
     fp8 = case.dtype.startswith("fp8")
     if fp8 and mode != "fwd":
         raise ValueError(f"{case.dtype} is forward only; got mode {mode!r}")
-    # e4m3 values are exact in bf16: providers without fp8 run on the same values
-    wide = tuple(t.to(torch.bfloat16) for t in (q, k, v)) if fp8 else (q, k, v)
     dout = None
     if mode != "fwd":
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         g = torch.Generator(device=device).manual_seed(seed + 1)
         dout = torch.randn(q.shape, generator=g, device=device, dtype=torch.float32).to(q.dtype)
+    # e4m3 values are exact in bf16: providers without fp8 run on the same values
+    wide = tuple(t.to(torch.bfloat16) for t in (q, k, v)) if fp8 else (q, k, v)
     result = Result(case, mode)
     outputs = {}
     for name in providers:

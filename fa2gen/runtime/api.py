@@ -138,7 +138,7 @@ def _on_device(index, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def _call_key(q, k, v, causal, sm_scale, window_size, softcap, descales) -> tuple | None:
+def _call_key(q, k, v, causal, sm_scale, window_size, softcap, descales=(None, None, None)) -> tuple | None:
     """What makes two CUDA calls launch the same kernel the same way, or None when the
     call cannot be keyed cheaply (then it is validated and dispatched in full).
 
