@@ -33,7 +33,7 @@ def _choices(text: str, allowed, option: str) -> list[str]:
 @app.command()
 def generate(
     direction: Annotated[str, typer.Option(help="fwd, or bwd (delta, dK/dV and dQ kernels)")] = "fwd",
-    dtype: Annotated[str, typer.Option(help="fp16 or bf16")] = "fp16",
+    dtype: Annotated[str, typer.Option(help="fp16, bf16, or fp8e4m3 (fwd only)")] = "fp16",
     head_dim: Annotated[int, typer.Option(help="multiple of 8 in [16, 256]")] = 64,
     mask: Annotated[str, typer.Option(help="none, causal or local")] = "none",
     softcap: Annotated[bool, typer.Option(help="score soft-capping")] = False,
@@ -44,6 +44,8 @@ def generate(
     loads: Annotated[str, typer.Option(help="pointer, tma_host, or tma_device (fwd only)")] = "pointer",
     dq_mode: Annotated[str, typer.Option(
         help="bwd only: separate (own dQ kernel), atomic, or tma_reduce (needs --loads tma_host)")] = "separate",
+    persistent: Annotated[int, typer.Option(
+        help="fwd only: 0 (one program per tile), or 1 or 2 programs per SM walking the tiles")] = 0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[Optional[str], typer.Option(
         help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
@@ -55,7 +57,7 @@ def generate(
     try:
         spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
         params = TuningParams(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, loads=loads,
-                              dq_mode=dq_mode)
+                              dq_mode=dq_mode, persistent=persistent)
         variant = Variant(spec, params)
         source = render(spec, params, name=variant.name)
     except SpecError as e:

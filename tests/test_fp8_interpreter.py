@@ -48,7 +48,8 @@ def test_fp8_matches_reference(shape, kw):
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("params", [TMA_HOST, TMA_DEVICE], ids=["tma_host", "tma_device"])
+@pytest.mark.parametrize("params", [TMA_HOST, TMA_DEVICE, TMA_HOST.replace(persistent=2)],
+                         ids=["tma_host", "tma_device", "tma_host-persistent"])
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (9, 4)}, {"softcap": 7.5}], ids=_id)
 def test_fp8_descriptor_paths(params, kw):
     # D=80 pads to 128: the transposed V's descriptor zero-fills the head rows past 80

@@ -284,3 +284,13 @@ def test_fp8_large_tiles(tile):
 def test_fp8_long_sequence_16k():
     verdict = _fp8_checked((1, 2, 2, 16384, 16384, 128), causal=True)
     assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("persistent", [1, 2])
+@pytest.mark.parametrize("loads", ["pointer", "tma_device", "tma_host"])
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES[:3], ids=FEATURE_IDS[:3])
+def test_persistent_grids(persistent, loads, shape, kw):
+    q, k, v = rand_qkv(*shape, device="cuda", seed=sum(shape))
+    params = TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads=loads, persistent=persistent)
+    verdict, _, _ = run_and_check(q, k, v, params, **kw)
+    assert verdict.ok, str(verdict)

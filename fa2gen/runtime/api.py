@@ -76,7 +76,8 @@ def attention(
         index = q.device.index
         current = torch.cuda.current_device()
         if launch is None:
-            launch = Launch(problem, select_params(problem, cuda_device_info(current if index is None else index)))
+            info = cuda_device_info(current if index is None else index)
+            launch = Launch(problem, select_params(problem, info), info.sm_count)
             if key is not None:
                 remember_launch(key, launch)
         if index is None or index == current:
@@ -104,7 +105,7 @@ def _attention_fp8(q, k, v, problem, launch, key, return_lse: bool, descales):
         if info.capability < (8, 9):
             raise RuntimeError(f"fp8 attention needs fp8 tensor cores (sm89 or newer); {q.device} is {info.arch}")
         if launch is None:
-            launch = Launch(problem, select_params(problem, cuda_device_info(current if index is None else index)))
+            launch = Launch(problem, select_params(problem, info), info.sm_count)
             if key is not None:
                 remember_launch(key, launch)
         if index is None or index == current:

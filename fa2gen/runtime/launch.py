@@ -66,6 +66,18 @@ def host_descriptor(t: torch.Tensor, rows: int, cols: int):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols])
 
 
+# Under the interpreter a persistent grid this small makes every program walk several tiles.
+_INTERPRETER_SMS = 3
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    from .device import cuda_device_info
+
+    return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).sm_count
+
+
 def window_extents(problem: Problem) -> tuple[int, int]:
     """The (left, right) window as the kernels take it. Unbounded (or larger-than-the-problem)
     extents become a distance no row can exceed; clamping also keeps the kernels' 32-bit
@@ -82,7 +94,9 @@ class Launch:
 
     __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "_fallback")
 
-    def __init__(self, problem: Problem, params: TuningParams):
+    def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
+        """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
+        at the first run)."""
         self.problem = problem
         self.params = params
         self.spec = spec = problem.kernel_spec()
@@ -94,7 +108,11 @@ class Launch:
             problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k,
             problem.sm_scale, problem.softcap, left, right,
         )
-        self.grid = (-(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q,)
+        tiles = -(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q
+        self.grid = (tiles,)
+        if params.persistent:
+            self.scalars += (tiles,)
+            self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
         self.constexprs = dict(
             HEAD_DIM=problem.head_dim,
             HEAD_DIM_PAD=dp,
@@ -128,6 +146,8 @@ class Launch:
             if interpreting():
                 patch_interpreter()
             self.module = load_module(self.spec, self.params)
+        if self.grid is None:  # persistent, first run: as many programs as the SMs hold
+            self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         kernel = self.module.attn_fwd
         if self.params.loads == "tma_host":
             args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
