@@ -2,14 +2,16 @@
 # The backward pass's GPU measurements in one run, each step time-boxed so that one slow
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
-# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab tplab sweep tune bench
-#        fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole GPU suite.
+# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab tplab sweep tune fwd
+#        fp8 bench fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole
+#        GPU suite. "fwd", "bench" and "fwdbwd" time the forward, the backward and both; "fp8" the fp8
+#        forward against fa2gen's own bf16 and cuDNN, where its time goes, and its accuracy.
 #        "tplab" times the backward template $AB_B against $AB_A (default: the working tree's) at the
 #        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
 #        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
 #        built-in grid) into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS
 #        (default 400).
-#        "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
+#        "fwd", "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
 # One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
 # (benchmarks/on_gpus.sh). $BUDGET_SECONDS caps the whole run: a step gets what is left of it,
 # and one with under 20 s left is skipped, so the summary is always written.
@@ -60,6 +62,17 @@ for step in $steps; do
         "$out/tune" "$tune_s" --directions "$dirs" --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
+    fwd)
+      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
+        run "bench-fwd-$dt" 300 python3 -m fa2gen bench --mode fwd --dtypes "$dt" \
+          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
+          --json "$out/bench-fwd-$dt.json" --markdown "$out/bench-fwd-$dt.md" --png "$out/bench-fwd-$dt.png"
+      done ;;
+    fp8)
+      run bench-fwd-fp8 240 python3 -m fa2gen bench --mode fwd --dtypes fp8e4m3 \
+        --providers fa2gen,fa2gen-bf16,sdpa-cudnn --json "$out/bench-fwd-fp8.json" --markdown "$out/bench-fwd-fp8.md"
+      run fp8-paths 120 python3 benchmarks/experiments/fp8_paths.py
+      run fp8-accuracy 120 python3 benchmarks/fp8_accuracy.py --out "$out/fp8-accuracy.json" ;;
     bench)
       for dt in ${BENCH_DTYPES:-fp16 bf16}; do
         run "bench-bwd-$dt" 300 python3 -m fa2gen bench --mode bwd --dtypes "$dt" \
