@@ -34,6 +34,14 @@ run() {  # name seconds command...
   timeout "$secs" "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
 }
+bench_dtypes() {  # mode name: the canonical grid in each of $BENCH_DTYPES, side by side with SDPA and Flex
+  local dt
+  for dt in ${BENCH_DTYPES:-fp16 bf16}; do
+    run "bench-$2-$dt" 300 python3 -m fa2gen bench --mode "$1" --dtypes "$dt" \
+      --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
+      --json "$out/bench-$2-$dt.json" --markdown "$out/bench-$2-$dt.md" --png "$out/bench-$2-$dt.png"
+  done
+}
 for step in $steps; do
   case $step in
     tests) run gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
@@ -62,29 +70,14 @@ for step in $steps; do
         "$out/tune" "$tune_s" --directions "$dirs" --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
-    fwd)
-      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
-        run "bench-fwd-$dt" 300 python3 -m fa2gen bench --mode fwd --dtypes "$dt" \
-          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
-          --json "$out/bench-fwd-$dt.json" --markdown "$out/bench-fwd-$dt.md" --png "$out/bench-fwd-$dt.png"
-      done ;;
+    fwd) bench_dtypes fwd fwd ;;
     fp8)
       run bench-fwd-fp8 240 python3 -m fa2gen bench --mode fwd --dtypes fp8e4m3 \
         --providers fa2gen,fa2gen-bf16,sdpa-cudnn --json "$out/bench-fwd-fp8.json" --markdown "$out/bench-fwd-fp8.md"
       run fp8-paths 120 python3 benchmarks/experiments/fp8_paths.py
       run fp8-accuracy 120 python3 benchmarks/fp8_accuracy.py --out "$out/fp8-accuracy.json" ;;
-    bench)
-      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
-        run "bench-bwd-$dt" 300 python3 -m fa2gen bench --mode bwd --dtypes "$dt" \
-          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
-          --json "$out/bench-bwd-$dt.json" --markdown "$out/bench-bwd-$dt.md" --png "$out/bench-bwd-$dt.png"
-      done ;;
-    fwdbwd)
-      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
-        run "bench-fwdbwd-$dt" 300 python3 -m fa2gen bench --mode fwd+bwd --dtypes "$dt" \
-          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
-          --json "$out/bench-fwdbwd-$dt.json" --markdown "$out/bench-fwdbwd-$dt.md" --png "$out/bench-fwdbwd-$dt.png"
-      done ;;
+    bench) bench_dtypes bwd bwd ;;
+    fwdbwd) bench_dtypes fwd+bwd fwdbwd ;;
     memory) run memory 180 python3 benchmarks/memory.py --out "$out/memory.json" ;;
     train) run train 420 python3 benchmarks/train_gpt.py --out "$out/train.json" ;;
     *) echo "unknown step $step" >&2 ;;
