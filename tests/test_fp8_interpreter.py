@@ -224,3 +224,20 @@ def test_transposed_v_is_an_exact_transpose(layout):
     vt = transposed_v(v)
     assert vt.shape == (2, 3, 72, 37) and vt.stride(-2) % 16 == 0  # rows padded for descriptors
     assert torch.equal(vt.view(torch.uint8), v.transpose(-1, -2).view(torch.uint8))
+
+
+def test_fp8_reference_path_without_the_interpreter(monkeypatch):
+    """CPU tensors without the interpreter: PyTorch attention over the dequantized values,
+    returned in bf16 as the kernel returns it."""
+    from fa2gen.runtime import api
+    from fa2gen.runtime.reference import attention_reference
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(api, "_warned_cpu", False)
+    (q, k, v), scales = quantized(1, 4, 2, 9, 13, 32)
+    with pytest.warns(RuntimeWarning, match="reference path"):
+        out = fa2gen.attention(q, k, v, causal=True, descale_q=scales[0], descale_k=scales[1], descale_v=scales[2])
+    problem = make_problem(q, k, v, causal=True)
+    real = [dequantized(t, d) for t, d in zip((q, k, v), check_descales(problem, q.device, *scales))]
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, attention_reference(*real, problem)[0].to(torch.bfloat16))

@@ -294,3 +294,17 @@ def test_persistent_grids(persistent, loads, shape, kw):
     params = TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads=loads, persistent=persistent)
     verdict, _, _ = run_and_check(q, k, v, params, **kw)
     assert verdict.ok, str(verdict)
+
+
+def test_fp8_repeated_calls_check_each_call_s_factors():
+    """attention() keeps one launch per call shape; the factors are data, checked and used
+    afresh on every call (per tensor, then per head, on the same tensors)."""
+    (q, k, v), scales = rand_fp8(2, 4, 2, 1000, 1000, 128, device="cuda", seed=5)
+    problem = make_problem(q, k, v)
+    for factors in ([s.amax().reshape(()) for s in scales], scales):
+        out, lse = fa2gen.attention(q, k, v, return_lse=True, descale_q=factors[0], descale_k=factors[1],
+                                    descale_v=factors[2])
+        verdict = check_forward(q, k, v, problem, out, lse, descales=check_descales(problem, q.device, *factors))
+        assert verdict.ok, str(verdict)
+    with pytest.raises(ValueError, match="descale_v"):
+        fa2gen.attention(q, k, v, descale_v=torch.ones(3, device="cuda"))
