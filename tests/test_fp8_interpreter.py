@@ -127,12 +127,32 @@ def test_interpreter_rounds_to_e4m3_as_the_gpu_does():
         i = tl.arange(0, N)
         tl.store(Y + i, tl.load(X + i).to(tl.float8e4nv))
 
+    @triton.jit
+    def to_bf16(X, Y, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(Y + i, tl.load(X + i).to(tl.bfloat16))
+
+    @triton.jit
+    def to_bf16_rtz(X, Y, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(Y + i, tl.load(X + i).to(tl.bfloat16, fp_downcast_rounding="rtz"))
+
     patch_interpreter()
     x = torch.tensor([127.2, 126.6, 31.03, 0.004, -0.0123, 250.0, 1.0, 0.3], dtype=torch.float32)
     y = torch.empty(8, dtype=F8)
     convert[(1,)](x, y, N=8)
     assert np.array_equal(y.float().numpy(), x.to(F8).float().numpy())
     assert y[0].float().item() == 128.0
+    # bf16 from fp32 and from fp16: nearest even, as the GPU; an explicit rtz (fp32 only) truncates
+    g = torch.Generator().manual_seed(0)
+    for src in (torch.randn(64, generator=g), torch.randn(64, generator=g).half()):
+        near = torch.empty(64, dtype=torch.bfloat16)
+        to_bf16[(1,)](src, near, N=64)
+        assert torch.equal(near, src.to(torch.bfloat16))
+    rtz = torch.empty(64, dtype=torch.bfloat16)
+    to_bf16_rtz[(1,)](src.float(), rtz, N=64)
+    assert torch.equal(rtz.float(), (src.float().view(torch.int32) & -65536).view(torch.float32))  # low bits dropped
+    assert not torch.equal(rtz, src.to(torch.bfloat16))  # random values: some round up
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,10 +254,25 @@ def test_fp8_reference_path_without_the_interpreter(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(api, "_warned_cpu", False)
-    (q, k, v), scales = quantized(1, 4, 2, 9, 13, 32)
+    (q, k, v), scales = quantized(1, 4, 2, 13, 13, 32)
     with pytest.warns(RuntimeWarning, match="reference path"):
         out = fa2gen.attention(q, k, v, causal=True, descale_q=scales[0], descale_k=scales[1], descale_v=scales[2])
-    problem = make_problem(q, k, v, causal=True)
-    real = [dequantized(t, d) for t, d in zip((q, k, v), check_descales(problem, q.device, *scales))]
+    # PyTorch's own attention over the values the fp8 tensors stand for, per (batch, head)
+    real = [t.float() * s[:, :, None, None] for t, s in zip((q, k, v), scales)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*real, is_causal=True, enable_gqa=True)
     assert out.dtype == torch.bfloat16
-    assert torch.equal(out, attention_reference(*real, problem)[0].to(torch.bfloat16))
+    assert (out.float() - ref).abs().max() <= 2 * (ref.to(torch.bfloat16).float() - ref).abs().max() + 1e-4
+
+
+def test_fp8_one_factor_expanded_to_every_head():
+    """A single factor given as an expanded (B, H) view (strides 0) is a per-tensor factor:
+    the same answer as the 0-d factor, on the kernel and in the rule's reference."""
+    (q, k, v), _ = quantized(2, 4, 2, 21, 30, 32, per_head=False)
+    one = torch.tensor(0.01)
+    out0 = fa2gen.attention(q, k, v, descale_q=one, descale_k=one, descale_v=one)
+    wide = [one.expand(2, 4), one.expand(2, 2), one.expand(2, 2)]
+    out1, lse1 = fa2gen.attention(q, k, v, descale_q=wide[0], descale_k=wide[1], descale_v=wide[2], return_lse=True)
+    assert torch.equal(out0, out1)
+    problem = make_problem(q, k, v)
+    verdict = check_forward(q, k, v, problem, out1, lse1, descales=check_descales(problem, q.device, *wide))
+    assert verdict.ok, verdict

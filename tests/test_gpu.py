@@ -308,3 +308,21 @@ def test_fp8_repeated_calls_check_each_call_s_factors():
         assert verdict.ok, str(verdict)
     with pytest.raises(ValueError, match="descale_v"):
         fa2gen.attention(q, k, v, descale_v=torch.ones(3, device="cuda"))
+
+
+@pytest.mark.parametrize("persistent", [1, 2])
+@pytest.mark.parametrize("loads", ["pointer", "tma_host"])
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES[:3], ids=FEATURE_IDS[:3])
+def test_fp8_persistent_grids(persistent, loads, shape, kw):
+    params = TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=3, loads=loads, persistent=persistent)
+    verdict = _fp8_checked(shape, params, seed=sum(shape), **kw)
+    assert verdict.ok, str(verdict)
+
+
+def test_fp8_transpose_of_many_heads():
+    """More (batch, head) pairs than a grid's second axis holds (65535)."""
+    from fa2gen.runtime.fp8 import transposed_v
+
+    v = torch.randn(1024, 70, 40, 32, device="cuda").to(torch.float8_e4m3fn)
+    vt = transposed_v(v)
+    assert torch.equal(vt.view(torch.uint8), v.transpose(-1, -2).view(torch.uint8))

@@ -25,6 +25,9 @@ Descale = tuple[torch.Tensor, int, int]
 
 
 def _one(device: torch.device) -> torch.Tensor:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # a tensor first made during capture would be filled only on replay
+        return torch.ones((), dtype=torch.float32, device=device)
     t = _ONES.get(device)
     if t is None:
         with _ones_lock:
@@ -49,6 +52,8 @@ def _descale(name: str, t, problem: Problem, heads: int, device: torch.device, *
         t = t.repeat_interleave(group, dim=1)
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must hold one value or one per (batch, head), shape {shape}; got {tuple(t.shape)}")
+    if t.stride(0) == 0 and t.stride(1) == 0:  # one value expanded to (B, H): a per-tensor factor
+        return t[0, 0], 0, 0
     return t, t.stride(0), t.stride(1)
 
 
@@ -78,8 +83,8 @@ def _transpose_kernel():
                   D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
         # One (BLOCK keys x D) tile of one (batch, head) in, its transpose out; the compiler
         # routes it through shared memory so that both sides stay coalesced.
-        pid_n = tl.program_id(0)
-        bh = tl.program_id(1)
+        bh = tl.program_id(0)  # the first grid axis: batch * heads may pass 65535
+        pid_n = tl.program_id(1)
         b = (bh // Hkv).to(tl.int64)
         h = (bh % Hkv).to(tl.int64)
         keys = pid_n * BLOCK + tl.arange(0, BLOCK)
@@ -107,7 +112,7 @@ def transposed_v(v: torch.Tensor) -> torch.Tensor:
     if b * h * n == 0:
         return vt
     d_pad = max(16, 1 << (d - 1).bit_length())
-    grid = (-(-n // _TRANSPOSE_BLOCK), b * h)
+    grid = (b * h, -(-n // _TRANSPOSE_BLOCK))
     _transpose_kernel()[grid](v, vt, h, n, *v.stride()[:3], *vt.stride()[:3], D=d, D_PAD=d_pad,
                               BLOCK=_TRANSPOSE_BLOCK)
     return vt

@@ -6,8 +6,9 @@ interpreter's dot to widen bf16 operands to fp32 first (exactly, by bit shift),
 which is correct whether or not a later Triton fixes the bug upstream. It also has no
 tensor-descriptor atomic add (a bulk reduction on the GPU); we give it one. And its
 float downcasts round wrongly: to bf16 it truncates, and to fp8 e4m3 it drops the carry
-when a mantissa rounds up past its top (127.2 becomes 64, not 128). Downcasts to both
-go through PyTorch's, which rounds to nearest even as the GPU's conversions do.
+when a mantissa rounds up past its top (127.2 becomes 64, not 128). Round-to-nearest
+conversions to both go through PyTorch's, which rounds to nearest even as the GPU's
+conversions do.
 """
 
 from __future__ import annotations
@@ -51,16 +52,20 @@ def _as_float32(data, dtype) -> np.ndarray:
 
 
 def _rounded_downcasts(original):
-    """Triton's float conversion with downcasts to bf16 and e4m3 done by PyTorch."""
+    """Triton's float conversion with round-to-nearest-even conversions to bf16 and e4m3 (from
+    fp32, fp16 or bf16) done by PyTorch; an explicit other rounding mode (rtz) and every
+    other conversion stay Triton's."""
     import torch
     import triton.language as tl
+    from triton._C.libtriton import ir
 
     targets = {tl.bfloat16: (torch.bfloat16, torch.uint16), tl.float8e4nv: (torch.float8_e4m3fn, torch.uint8)}
-    wider = {tl.float32: 32, tl.float16: 16, tl.bfloat16: 16}
+    sources = (tl.float32, tl.float16, tl.bfloat16)
 
     def convert(input, input_dtype, output_dtype, rounding_mode):
         target = targets.get(output_dtype)
-        if target and wider.get(input_dtype, 0) > output_dtype.primitive_bitwidth:
+        nearest = rounding_mode in (None, ir.ROUNDING_MODE.RTNE)
+        if target and nearest and input_dtype in sources and input_dtype != output_dtype:
             x = torch.from_numpy(np.ascontiguousarray(_as_float32(input, input_dtype)))
             return x.to(target[0]).view(target[1]).numpy().reshape(np.shape(input))
         return original(input, input_dtype, output_dtype, rounding_mode)
@@ -70,7 +75,8 @@ def _rounded_downcasts(original):
 
 def patch_interpreter() -> None:
     """Install the interpreter fixes (idempotent): the bf16 dot, descriptor atomic adds and
-    rounding to e4m3."""
+    rounding to bf16 and e4m3. They patch Triton's interpreter module for the whole process,
+    which only ever runs the interpreter's kernels the GPU's way."""
     global _patched
     if _patched:
         return
