@@ -90,9 +90,7 @@ def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
         kind = signature[name]
         if name in skip or kind == "constexpr":
             continue
-        # (fp8's descaling strides are 0 for a per-tensor factor, or a head count: not specialised)
-        tensor_stride = name.startswith("stride") and not name.startswith("stride_ds")
-        if kind.startswith("*") or (kind == "i32" and tensor_stride and spec.head_dim % 16 == 0):
+        if kind.startswith("*") or (kind == "i32" and name.startswith("stride") and spec.head_dim % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return attrs
 
