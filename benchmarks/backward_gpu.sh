@@ -34,11 +34,11 @@ run() {  # name seconds command...
   timeout "$secs" "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
 }
-bench_dtypes() {  # mode name: the canonical grid in each of $BENCH_DTYPES, side by side with SDPA and Flex
+bench_dtypes() {  # mode name: the canonical grid in each of $BENCH_DTYPES, side by side with the bench's GPU
+  # providers: fa2gen tuned and default, SDPA's three backends and compiled Flex
   local dt
   for dt in ${BENCH_DTYPES:-fp16 bf16}; do
     run "bench-$2-$dt" 300 python3 -m fa2gen bench --mode "$1" --dtypes "$dt" \
-      --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
       --json "$out/bench-$2-$dt.json" --markdown "$out/bench-$2-$dt.md" --png "$out/bench-$2-$dt.png"
   done
 }
