@@ -507,8 +507,8 @@ def test_tune_command_body_with_directions(tmp_path):
 
 
 def test_persistent_grids_are_searched_on_sm90_forward_only():
-    assert space_for("sm90").persistent == (0, 1, 2)
+    assert space_for("sm90").persistent == (0, 2)
     assert space_for("sm90", "bwd").persistent == (0,) and space_for("sm80").persistent == (0,)
     moves = local_moves(space_for("sm90"), bucket_default(B4K, "sm90"))
-    assert {m.persistent for m in moves} == {0, 1}  # the default's one step up
+    assert {m.persistent for m in moves} == {0, 2}  # the default's one step up
     assert not any(m.persistent for m in local_moves(space_for("sm90", "bwd"), TuningParams(loads="tma_host")))
