@@ -2,13 +2,16 @@
 # The backward pass's GPU measurements in one run, each step time-boxed so that one slow
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
-# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab tplab sweep tune bench
-#        fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole GPU suite.
+# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab tplab sweep tune fwd
+#        fp8 bench fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole
+#        GPU suite. "fwd", "bench" and "fwdbwd" time the forward, the backward and both; "fp8" the fp8
+#        forward against fa2gen's own bf16 and cuDNN, where its time goes, and its accuracy.
 #        "tplab" times the backward template $AB_B against $AB_A (default: the working tree's) at the
 #        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
-#        "tune" re-tunes the backward buckets ($TUNE_GRID, default the built-in grid) into the
-#        state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS (default 400).
-#        "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
+#        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
+#        built-in grid) into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS
+#        (default 400).
+#        "fwd", "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
 # One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
 # (benchmarks/on_gpus.sh). $BUDGET_SECONDS caps the whole run: a step gets what is left of it,
 # and one with under 20 s left is skipped, so the summary is always written.
@@ -31,6 +34,14 @@ run() {  # name seconds command...
   timeout "$secs" "$@" > "$out/$name.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
 }
+bench_dtypes() {  # mode name: the canonical grid in each of $BENCH_DTYPES, side by side with the bench's GPU
+  # providers: fa2gen tuned and default, SDPA's three backends and compiled Flex
+  local dt
+  for dt in ${BENCH_DTYPES:-fp16 bf16}; do
+    run "bench-$2-$dt" 300 python3 -m fa2gen bench --mode "$1" --dtypes "$dt" \
+      --json "$out/bench-$2-$dt.json" --markdown "$out/bench-$2-$dt.md" --png "$out/bench-$2-$dt.png"
+  done
+}
 for step in $steps; do
   case $step in
     tests) run gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
@@ -45,31 +56,28 @@ for step in $steps; do
       # The tuner's own budget fits what is left, with a minute for the import, the copies
       # of its databases and the export, which a timeout would otherwise cut off.
       tune_s=${TUNE_SECONDS:-400}
+      dirs=${TUNE_DIRECTIONS:-bwd}
       left=$(( deadline - SECONDS - 90 ))
       (( tune_s > left )) && tune_s=$left
       if (( tune_s < 30 )); then
-        echo "tune-bwd: skipped, $left s left of the budget" | tee -a "$out/summary.txt"
+        echo "tune-$dirs: skipped, $left s left of the budget" | tee -a "$out/summary.txt"
         continue
       fi
       if [ ! -f "$state/tuned.sqlite" ]; then  # start from the shipped entries, so the export holds both directions
         mkdir -p "$state" && python3 -m fa2gen import tuned_configs/sm90/NVIDIA_H200.yaml --db "$state/tuned.sqlite"
       fi
-      run tune-bwd "$(( tune_s + 60 ))" bash benchmarks/tune_slice.sh "$state" \
-        "$out/tune" "$tune_s" --directions bwd --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
+      run "tune-$dirs" "$(( tune_s + 60 ))" bash benchmarks/tune_slice.sh "$state" \
+        "$out/tune" "$tune_s" --directions "$dirs" --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
-    bench)
-      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
-        run "bench-bwd-$dt" 300 python3 -m fa2gen bench --mode bwd --dtypes "$dt" \
-          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
-          --json "$out/bench-bwd-$dt.json" --markdown "$out/bench-bwd-$dt.md" --png "$out/bench-bwd-$dt.png"
-      done ;;
-    fwdbwd)
-      for dt in ${BENCH_DTYPES:-fp16 bf16}; do
-        run "bench-fwdbwd-$dt" 300 python3 -m fa2gen bench --mode fwd+bwd --dtypes "$dt" \
-          --providers fa2gen,sdpa-cudnn,sdpa-flash,flex \
-          --json "$out/bench-fwdbwd-$dt.json" --markdown "$out/bench-fwdbwd-$dt.md" --png "$out/bench-fwdbwd-$dt.png"
-      done ;;
+    fwd) bench_dtypes fwd fwd ;;
+    fp8)
+      run bench-fwd-fp8 240 python3 -m fa2gen bench --mode fwd --dtypes fp8e4m3 \
+        --providers fa2gen,fa2gen-bf16,sdpa-cudnn --json "$out/bench-fwd-fp8.json" --markdown "$out/bench-fwd-fp8.md"
+      run fp8-paths 120 python3 benchmarks/experiments/fp8_paths.py
+      run fp8-accuracy 120 python3 benchmarks/fp8_accuracy.py --out "$out/fp8-accuracy.json" ;;
+    bench) bench_dtypes bwd bwd ;;
+    fwdbwd) bench_dtypes fwd+bwd fwdbwd ;;
     memory) run memory 180 python3 benchmarks/memory.py --out "$out/memory.json" ;;
     train) run train 420 python3 benchmarks/train_gpt.py --out "$out/train.json" ;;
     *) echo "unknown step $step" >&2 ;;

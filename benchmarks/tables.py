@@ -52,7 +52,8 @@ def tuned_section(path: Path) -> str:
 
     cfg = read(path)
     fwd = [e for e in cfg.entries if e.bucket.direction == "fwd"]
-    square = [e for e in fwd if e.bucket.seqlen_q == e.bucket.seqlen_k]
+    square = [e for e in fwd if e.bucket.seqlen_q == e.bucket.seqlen_k and e.bucket.dtype != "fp8e4m3"]
+    fp8 = [e for e in fwd if e.bucket.dtype == "fp8e4m3"]
     short = [e for e in fwd if e.bucket.seqlen_q != e.bucket.seqlen_k]
     bwd = [e for e in cfg.entries if e.bucket.direction == "bwd"]
     lines = [f"`{path.relative_to(Path.cwd())}`: {len(cfg.entries)} buckets, device {cfg.meta['device']}, "
@@ -66,7 +67,8 @@ def tuned_section(path: Path) -> str:
         if digest != template_hash(direction):
             lines.append(f"- The {direction} entries were tuned against an earlier {direction} template (hash {digest}): "
                          "the run-time lookup skips them until that direction is tuned again.")
-    for name, group in (("forward, canonical square buckets (N = 512 ... 16k)", square),
+    for name, group in (("forward fp16/bf16, canonical square buckets (N = 512 ... 16k)", square),
+                        ("forward fp8 (e4m3), canonical square buckets (N = 512 ... 16k)", fp8),
                         ("forward, short-query buckets (Nq = 1 ... 256, Nk = 8192)", short),
                         ("backward, canonical square buckets (N = 512 ... 16k)", bwd)):
         ups = [e.speedup for e in group if e.speedup]
@@ -89,9 +91,10 @@ def _comparisons(results, providers) -> list[str]:
         for other in providers:
             both = [r for r in results if mine in r.tflops and other in r.tflops and other != mine]
             if both:
-                wins = sum(r.tflops[mine] >= r.tflops[other] for r in both)
-                ratio = geomean([r.tflops[mine] / r.tflops[other] for r in both])
-                lines.append(f"- {mine} / {other}: geomean {ratio:.3f}, at or above on {wins} of {len(both)} cells")
+                ratios = [r.tflops[mine] / r.tflops[other] for r in both]
+                wins = sum(x >= 1 for x in ratios)
+                lines.append(f"- {mine} / {other}: geomean {geomean(ratios):.3f}, at or above on {wins} of {len(both)} "
+                             f"cells, lowest {min(ratios):.2f}")
     return lines
 
 
@@ -175,7 +178,8 @@ def main(argv: list[str]) -> None:
           "3.5x and times a forward and its gradients together. Columns `xNAME` are "
           "fa2gen's TFLOP/s over NAME's in the same run: cuDNN = SDPA CUDNN_ATTENTION, FA2 = SDPA FLASH_ATTENTION, "
           "mem-eff = SDPA EFFICIENT_ATTENTION, Flex = compiled FlexAttention, default = fa2gen with its heuristic "
-          "default configs (no tuned lookup). `fa2gen` is `fa2gen.attention()` as users call it: the shipped tuned "
+          "default configs (no tuned lookup), own-bf16 = fa2gen's forward on the same values in bf16 (fp8 tables, "
+          "whose FLOPs count the same way). `fa2gen` is `fa2gen.attention()` as users call it: the shipped tuned "
           "configs (`tuned_configs/`) where they apply. Grid: B·N = 16k tokens, H = 2048 / D. "
           "docs/perf-notes.md says which version of the code each run measured.\n")
     for path in args.bench:

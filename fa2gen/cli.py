@@ -33,7 +33,7 @@ def _choices(text: str, allowed, option: str) -> list[str]:
 @app.command()
 def generate(
     direction: Annotated[str, typer.Option(help="fwd, or bwd (delta, dK/dV and dQ kernels)")] = "fwd",
-    dtype: Annotated[str, typer.Option(help="fp16 or bf16")] = "fp16",
+    dtype: Annotated[str, typer.Option(help="fp16, bf16, or fp8e4m3 (fwd only)")] = "fp16",
     head_dim: Annotated[int, typer.Option(help="multiple of 8 in [16, 256]")] = 64,
     mask: Annotated[str, typer.Option(help="none, causal or local")] = "none",
     softcap: Annotated[bool, typer.Option(help="score soft-capping")] = False,
@@ -44,6 +44,8 @@ def generate(
     loads: Annotated[str, typer.Option(help="pointer, tma_host, or tma_device (fwd only)")] = "pointer",
     dq_mode: Annotated[str, typer.Option(
         help="bwd only: separate (own dQ kernel), atomic, or tma_reduce (needs --loads tma_host)")] = "separate",
+    persistent: Annotated[int, typer.Option(
+        help="fwd only: 0 (one program per tile), or 1 or 2 programs per SM walking the tiles")] = 0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[Optional[str], typer.Option(
         help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
@@ -55,7 +57,7 @@ def generate(
     try:
         spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
         params = TuningParams(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, loads=loads,
-                              dq_mode=dq_mode)
+                              dq_mode=dq_mode, persistent=persistent)
         variant = Variant(spec, params)
         source = render(spec, params, name=variant.name)
     except SpecError as e:
@@ -124,9 +126,11 @@ def info(
     else:
         where = "Triton interpreter" if interpreting() else "PyTorch reference path (set TRITON_INTERPRET=1 for the interpreter)"
         typer.echo(f"GPU: none; CPU tensors run on the {where}")
-    if dtype not in ("fp16", "bf16"):
-        raise typer.BadParameter("fp16 or bf16", param_hint="--dtype")
-    tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    from .runtime.problem import TORCH_DTYPES
+
+    if dtype not in TORCH_DTYPES:
+        raise typer.BadParameter(", ".join(TORCH_DTYPES), param_hint="--dtype")
+    tdtype = TORCH_DTYPES[dtype]
     hk, nk = kv_heads or heads, seqlen_k or seqlen_q
     try:
         # meta tensors: validation and dispatch without allocating anything
@@ -139,7 +143,8 @@ def info(
     if dev is None and not interpreting():
         typer.echo("config: none (no kernel runs on the reference path)")
         return
-    for direction, label in (("fwd", "config"), ("bwd", "backward config")):
+    directions = (("fwd", "config"),) if problem.kernel_spec().fp8 else (("fwd", "config"), ("bwd", "backward config"))
+    for direction, label in directions:
         choice = explain(problem, dev, direction)
         tuned_for = f", tuned for {choice.bucket.key}" if choice.bucket else ""
         typer.echo(f"{label} ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): "
@@ -149,7 +154,7 @@ def info(
 @app.command()
 def bench(
     shapes: Annotated[Optional[str], typer.Option(help='custom shapes "B,H,N,D;..." or "B,H,Hkv,Nq,Nk,D;..."')] = None,
-    dtypes: Annotated[str, typer.Option(help="comma-separated: fp16,bf16")] = "fp16,bf16",
+    dtypes: Annotated[str, typer.Option(help="comma-separated: fp16,bf16,fp8e4m3 (fp8: forward only)")] = "fp16,bf16",
     head_dims: Annotated[str, typer.Option(help="canonical grid head dims")] = "64,128",
     seqlens: Annotated[str, typer.Option(help="canonical grid sequence lengths")] = "512,1024,2048,4096,8192,16384",
     causal: Annotated[str, typer.Option(help="off, on or both")] = "both",
@@ -192,9 +197,13 @@ def bench(
     causals = {"off": [False], "on": [True], "both": [False, True]}.get(causal)
     if causals is None:
         raise typer.BadParameter("off, on or both", param_hint="--causal")
+    if mode != "fwd" and any(d.startswith("fp8") for d in dts):
+        raise typer.BadParameter("fp8 is forward only: use --mode fwd", param_hint="--dtypes")
     names = _choices(providers, tuple(PROVIDERS), "--providers") if providers else list(GPU_DEFAULT if on_gpu else CPU_DEFAULT)
     if "fa2gen" not in names:
         names.insert(0, "fa2gen")
+    if not providers and any(d.startswith("fp8") for d in dts):
+        names.insert(1, "fa2gen-bf16")
     if shapes:
         try:
             cases = G.parse_shapes(shapes, dtypes=dts, causals=causals)

@@ -50,3 +50,24 @@ def run_and_check(q, k, v, params, **kw):
     forward(q, k, v, problem, params, out=out, lse=lse)
     verdict = check_forward(q, k, v, problem, out, lse)
     return verdict, out, lse
+
+
+def rand_fp8(B, Hq, Hkv, Nq, Nk, D, *, per_head=True, seed=0, layout="bhnd", device="cpu"):
+    """Random normal q, k, v scaled per (batch, head) or per tensor into e4m3's range, with
+    their descaling factors (fp8 tensor = x / descale)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def make(H, N, spread):  # drawn on the CPU (one stream on any device), then moved
+        if layout == "bnhd":
+            x = torch.randn(B, N, H, D, generator=g).transpose(1, 2)
+        else:
+            x = torch.randn(B, H, N, D, generator=g)
+        x = x * spread  # heads of different magnitudes, so that a per-head factor matters
+        amax = x.abs().amax(dim=(2, 3)) if per_head else x.abs().amax()
+        scale = (amax / 448.0).float()
+        x8 = (x / (scale[:, :, None, None] if per_head else scale)).to(torch.float8_e4m3fn)
+        return x8.to(device), scale.to(device)
+
+    spreads = [torch.linspace(0.5, 4.0, H)[None, :, None, None] for H in (Hq, Hkv, Hkv)]
+    (q, dq), (k, dk), (v, dv) = (make(H, N, s) for H, N, s in zip((Hq, Hkv, Hkv), (Nq, Nk, Nk), spreads))
+    return (q, k, v), (dq, dk, dv)

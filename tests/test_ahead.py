@@ -20,9 +20,10 @@ _CHILD = textwrap.dedent("""
     from fa2gen.generator.spec import KernelSpec
     from fa2gen.runtime.defaults import default_params
     out = []
-    for arch, direction, d, mask, softcap, dq_mode in json.loads(sys.argv[1]):
-        spec = KernelSpec(direction=direction, head_dim=d, mask=mask, softcap=softcap)
-        params = default_params(spec, arch, 4096).replace(dq_mode=dq_mode)
+    for arch, direction, d, mask, softcap, dq_mode, *more in json.loads(sys.argv[1]):
+        dtype, persistent = more or ("fp16", 0)
+        spec = KernelSpec(direction=direction, dtype=dtype, head_dim=d, mask=mask, softcap=softcap)
+        params = default_params(spec, arch, 4096).replace(dq_mode=dq_mode, persistent=persistent)
         res = compile_for(spec, params, arch)
         out.append([arch, direction, d, dq_mode, {k: [r.registers, r.spill_bytes] for k, r in res.items()}])
     print(json.dumps(out))
@@ -30,10 +31,13 @@ _CHILD = textwrap.dedent("""
 
 SPILL_LIMIT = {"fwd": 1024, "bwd": 1536}  # bytes per thread; see the test below
 
-# (arch, direction, head dim, mask, softcap, dq_mode): the defaults, and the defaults with
-# dQ added by atomics, which the tuner may pick.
+# (arch, direction, head dim, mask, softcap, dq_mode[, dtype, persistent]): the defaults, the
+# defaults with dQ added by atomics or on a persistent grid, which the tuner may pick, and fp8.
 CASES = [
     ("sm90", "fwd", 128, "none", False, "separate"),
+    ("sm90", "fwd", 128, "causal", False, "separate", "fp16", 2),
+    ("sm90", "fwd", 128, "causal", False, "separate", "fp8e4m3", 1),
+    ("sm90", "fwd", 72, "local", True, "separate", "fp8e4m3", 0),
     ("sm90", "fwd", 96, "local", True, "separate"),
     ("sm90", "bwd", 128, "causal", False, "separate"),
     ("sm90", "bwd", 80, "local", True, "separate"),

@@ -13,8 +13,10 @@ from fa2gen.generator.cache import load_module
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.fp8 import check_descales
+from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
-from helpers import rand_qkv, run_and_check
+from helpers import rand_fp8, rand_qkv, run_and_check
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.float16, torch.bfloat16]
@@ -236,3 +238,91 @@ def test_backward_against_fp64_reference():
 
 def test_backward_is_deterministic_on_gpu():
     _assert_deterministic_gradients(seed=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 (e4m3) forward
+
+
+def _fp8_checked(shape, params=None, seed=0, **kw):
+    (q, k, v), scales = rand_fp8(*shape, device="cuda", seed=seed)
+    problem = make_problem(q, k, v, **kw)
+    descales = check_descales(problem, q.device, *scales)
+    if params is None:  # attention() as users call it
+        out, lse = fa2gen.attention(q, k, v, return_lse=True, descale_q=scales[0], descale_k=scales[1],
+                                    descale_v=scales[2], **kw)
+    else:  # one variant, on NaN-poisoned outputs
+        out = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"), device="cuda")
+        forward(q, k, v, problem, params, out=out, lse=lse, descales=descales)
+    assert out.dtype == torch.bfloat16
+    return check_forward(q, k, v, problem, out, lse, descales=descales)
+
+
+@pytest.mark.parametrize("D", [64, 80, 128, 256])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}], ids=["full", "causal"])
+def test_fp8_default_dispatch_real_sizes(D, kw):
+    verdict = _fp8_checked((2, 4, 4, 2048 + 77, 2048 + 77, D), seed=D, **kw)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("loads", ["pointer", "tma_device", "tma_host"])
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES, ids=FEATURE_IDS)
+def test_fp8_features_on_every_load_path(loads, shape, kw):
+    params = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads=loads)
+    verdict = _fp8_checked(shape, params, seed=sum(shape), **kw)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("tile", [(128, 64, 4, 2), (128, 128, 8, 3), (128, 256, 8, 2)], ids=str)
+def test_fp8_large_tiles(tile):
+    params = TuningParams(*tile, loads="tma_host")
+    verdict = _fp8_checked((1, 8, 2, 4096 + 33, 4096 + 33, 128), params, causal=True)
+    assert verdict.ok, str(verdict)
+
+
+def test_fp8_long_sequence_16k():
+    verdict = _fp8_checked((1, 2, 2, 16384, 16384, 128), causal=True)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.parametrize("persistent", [1, 2])
+@pytest.mark.parametrize("loads", ["pointer", "tma_device", "tma_host"])
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES[:3], ids=FEATURE_IDS[:3])
+def test_persistent_grids(persistent, loads, shape, kw):
+    q, k, v = rand_qkv(*shape, device="cuda", seed=sum(shape))
+    params = TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads=loads, persistent=persistent)
+    verdict, _, _ = run_and_check(q, k, v, params, **kw)
+    assert verdict.ok, str(verdict)
+
+
+def test_fp8_repeated_calls_check_each_call_s_factors():
+    """attention() keeps one launch per call shape; the factors are data, checked and used
+    afresh on every call (per tensor, then per head, on the same tensors)."""
+    (q, k, v), scales = rand_fp8(2, 4, 2, 1000, 1000, 128, device="cuda", seed=5)
+    problem = make_problem(q, k, v)
+    for factors in ([s.amax().reshape(()) for s in scales], scales):
+        out, lse = fa2gen.attention(q, k, v, return_lse=True, descale_q=factors[0], descale_k=factors[1],
+                                    descale_v=factors[2])
+        verdict = check_forward(q, k, v, problem, out, lse, descales=check_descales(problem, q.device, *factors))
+        assert verdict.ok, str(verdict)
+    with pytest.raises(ValueError, match="descale_v"):
+        fa2gen.attention(q, k, v, descale_v=torch.ones(3, device="cuda"))
+
+
+@pytest.mark.parametrize("persistent", [1, 2])
+@pytest.mark.parametrize("loads", ["pointer", "tma_host"])
+@pytest.mark.parametrize("shape,kw", FEATURE_CASES[:3], ids=FEATURE_IDS[:3])
+def test_fp8_persistent_grids(persistent, loads, shape, kw):
+    params = TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=3, loads=loads, persistent=persistent)
+    verdict = _fp8_checked(shape, params, seed=sum(shape), **kw)
+    assert verdict.ok, str(verdict)
+
+
+def test_fp8_transpose_of_many_heads():
+    """More (batch, head) pairs than a grid's second axis holds (65535)."""
+    from fa2gen.runtime.fp8 import transposed_v
+
+    v = torch.randn(1024, 70, 40, 32, device="cuda").to(torch.float8_e4m3fn)
+    vt = transposed_v(v)
+    assert torch.equal(vt.view(torch.uint8), v.transpose(-1, -2).view(torch.uint8))

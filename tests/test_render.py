@@ -16,7 +16,8 @@ STRUCTURAL_SPECS = [
 
 @pytest.mark.parametrize("spec", STRUCTURAL_SPECS, ids=lambda s: f"{s.dtype}-d{s.head_dim}-{s.mask}-sc{int(s.softcap)}")
 def test_every_param_point_renders_and_parses(spec):
-    """Every point renders; only the header (name, CONFIG) and the load path vary.
+    """Every point renders; only the header (name, CONFIG), the load path and the grid
+    (persistent or not: the tile body is the same, inside a loop) vary.
 
     Parsing 1250 whole modules per spec is slow, so each point's header is parsed on
     its own and its body must equal a fully parsed representative body of its load path.
@@ -31,12 +32,18 @@ def test_every_param_point_renders_and_parses(spec):
             "BLOCK_M": params.block_m, "BLOCK_N": params.block_n,
             "num_warps": params.num_warps, "num_stages": params.num_stages,
         }
-        if params.loads not in bodies:
+        structure = (params.loads, params.persistent)
+        if structure not in bodies:
             ast.parse(src)
-            bodies[params.loads] = body
-        assert body == bodies[params.loads]
-    # Block sizes, warps and stages are constexpr/launch values: only the load path changes code.
-    assert set(bodies) == {"pointer", "tma_device", "tma_host"} and len(set(bodies.values())) == 3
+            bodies[structure] = body
+        assert body == bodies[structure]
+    # Block sizes, warps and stages are constexpr/launch values: only the load path and the
+    # grid change code; the persistent grid's programs per SM only its comment.
+    assert {loads for loads, _ in bodies} == {"pointer", "tma_device", "tma_host"}
+    assert len(set(bodies.values())) == len(bodies) == 9
+    for loads in ("pointer", "tma_device", "tma_host"):
+        one, two = bodies[loads, 1], bodies[loads, 2]
+        assert one.replace("of 1 program(s) per SM", "of 2 program(s) per SM") == two
 
 
 def test_every_head_dim_renders():
@@ -56,9 +63,9 @@ def test_structure_follows_spec():
     assert "offs_d[None, :] < HEAD_DIM" not in plain  # no head padding at D=64
     assert "offs_d[None, :] < HEAD_DIM" in src(head_dim=80)
     assert "tanh" in src(softcap=True)
-    assert "K.load([b, hk, start_n, 0])" in src(loads="tma_host")
+    assert "k_base.load([b, hk, start_n, 0])" in src(loads="tma_host")
     device = src(loads="tma_device")
-    assert "K.load([start_n, 0])" in device and device.count("tl.make_tensor_descriptor(") == 4
+    assert "k_base.load([start_n, 0])" in device and device.count("tl.make_tensor_descriptor(") == 4
     assert "tl.load(" not in src(loads="tma_host").split("def attn_fwd")[1].split("tl.store(LSE")[0]
     causal = src(mask="causal")
     assert "offs_m[:, None] + diag" in causal and "win_right" not in causal.split("def attn_fwd")[1].split("m_i = tl.full")[0].replace("win_left, win_right,", "")
@@ -68,7 +75,8 @@ def test_structure_follows_spec():
 
 def test_template_header_lists_knobs():
     head = template_source("fwd").split("import triton")[0]
-    for knob in ("mask", "softcap", "loads", "pad_head", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages"):
+    for knob in ("mask", "softcap", "loads", "pad_head", "fp8", "persistent", "BLOCK_M", "BLOCK_N", "num_warps",
+                 "num_stages"):
         assert knob in head
     head = template_source("bwd").split("import triton")[0]
     for knob in ("mask", "softcap", "loads", "pad_head", "dq_mode", "OUTER", "INNER", "num_warps", "num_stages"):

@@ -5,7 +5,7 @@ import triton
 
 from fa2gen.generator import identity, rendering
 from fa2gen.generator.identity import Variant
-from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, unsupported
 
 
 def test_defaults_are_valid():
@@ -87,6 +87,8 @@ def test_every_field_changes_the_digest():
         Variant(KernelSpec(), TuningParams(num_stages=3)),
         Variant(KernelSpec(), TuningParams(loads="tma_device")),
         Variant(KernelSpec(), TuningParams(loads="tma_host")),
+        Variant(KernelSpec(), TuningParams(persistent=1)),
+        Variant(KernelSpec(dtype="fp8e4m3"), TuningParams()),
     ]
     digests = {base.digest} | {v.digest for v in changed}
     assert len(digests) == len(changed) + 1
@@ -101,3 +103,13 @@ def test_digest_covers_template_and_triton_version(monkeypatch):
     v2 = Variant(KernelSpec(), TuningParams()).digest
     assert len({v0, v1, v2}) == 3
     assert rendering.template_hash("fwd") != "feedfacefeedface"
+
+
+def test_persistent_knob():
+    v = Variant(KernelSpec(), TuningParams(128, 64, 4, 3, "tma_host", persistent=2))
+    assert "_persistent2_" in v.name and TuningParams(persistent=2).label().endswith(" persistent2")
+    for bad in (3, -1, True, 1.0):
+        with pytest.raises(SpecError, match="persistent"):
+            TuningParams(persistent=bad)
+    assert "forward knob" in unsupported(KernelSpec(direction="bwd"), TuningParams(persistent=1))
+    assert unsupported(KernelSpec(), TuningParams(persistent=1)) is None

@@ -47,6 +47,18 @@ def test_tune_beats_default_and_stores_the_winner(tmp_path):
     assert entry.speedup == pytest.approx(r.default_ms / r.measurement.median_ms)
 
 
+def test_tune_fp8_bucket(tmp_path):
+    """fp8 buckets tune like the others. On sm89 (fp8 without tensor descriptors), whose space
+    has 16-key steps, those are pruned: fp8 matmuls reduce over 32 at a time."""
+    fp8 = Bucket("fwd", "fp8e4m3", 128, "none", False, 1, 4096, 4096, 64)
+    assert 16 in space_for("sm89").block_n
+    db, storage, ev, [r] = _tune(tmp_path, [fp8], trials=30, arch="sm89")
+    assert db.get(VALID, fp8).params == r.best
+    assert ev.compiled and all(p.block_n >= 32 for p in ev.compiled)
+    small = TuningParams(block_m=64, block_n=16, num_warps=4, num_stages=2)
+    assert "block_n >= 32" in prune_reason(space_for("sm89"), fp8.kernel_spec(), fp8, small)
+
+
 def test_pruning_reasons_and_no_failed_trials(tmp_path):
     _, storage, _, _ = _tune(tmp_path, [B4K], trials=60)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
@@ -107,12 +119,13 @@ def test_static_rules():
 
 
 def test_brute_force_covers_small_space(tmp_path):
-    """brute force on a decode bucket, whose query length prunes most of the space."""
+    """brute force on a decode bucket, whose query length prunes most of the space (sm80's,
+    160 points: the orchestration is the same in any space, and a small one keeps it quick)."""
     short = Bucket("fwd", "fp16", 64, "none", False, 1, 16, 128, 64)
-    _, storage, ev, [r] = _tune(tmp_path, [short], trials=1000, sampler="brute")
+    _, storage, ev, [r] = _tune(tmp_path, [short], trials=1000, sampler="brute", arch="sm80")
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     points = {tuple(sorted(t.params.items())) for t in study.get_trials()}
-    assert len(points) == space_for("sm90").size()  # every point decided once, then it stopped
+    assert len(points) == space_for("sm80").size()  # every point decided once, then it stopped
     assert r.trials < 1000
 
 
@@ -218,7 +231,10 @@ def test_grid_files(tmp_path):
     bs = buckets_from_grid({"problems": [{"dtypes": ["bf16"], "head_dims": [96], "masks": ["local"], "groups": [3],
                                           "seqlens_q": [100], "seqlens_k": [5000], "batch_heads": [48]}]})
     assert [b.key for b in bs] == ["fwd/bf16/d96/local/sc0/g4/q128/k8192/bh64"]
+    fp8 = buckets_from_grid({"problems": [{"dtypes": ["fp8e4m3"], "head_dims": [128], "seqlens": [4096]}]})
+    assert [b.kernel_spec().fp8 for b in fp8] == [True, True]  # none and causal
     for bad in ({"problems": [{"dtypes": ["fp8"]}]}, {"problems": [{"head_dims": [12]}]},
+                {"problems": [{"directions": ["bwd"], "dtypes": ["fp8e4m3"]}]},
                 {"problems": [{"seqlens": [0]}]}, {"problems": [{"colour": ["red"]}]}, {"problem": []},
                 {"problems": [{"seqlens": [5], "seqlens_q": [5]}]}, "problems"):
         with pytest.raises(GridError):
@@ -309,7 +325,7 @@ def test_brute_force_study_resumes_after_an_orphan(tmp_path):
 
     short = Bucket("fwd", "fp16", 64, "none", False, 1, 16, 128, 64)
     storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
-    space = space_for("sm90")
+    space = space_for("sm80")  # 160 points, every one decided in the first run
     tune_bucket(short, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=1000,
                 sampler="brute")
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
@@ -488,3 +504,11 @@ def test_tune_command_body_with_directions(tmp_path):
               f"sqlite:///{tmp_path / 'studies.sqlite'}", "tpe", True, 0, 2, "bwd")
     keys = [e.bucket.key for e in TunedDB(db).entries()]
     assert len(keys) == 2 and all(k.startswith("bwd/") for k in keys)
+
+
+def test_persistent_grids_are_searched_on_sm90_forward_only():
+    assert space_for("sm90").persistent == (0, 2)
+    assert space_for("sm90", "bwd").persistent == (0,) and space_for("sm80").persistent == (0,)
+    moves = local_moves(space_for("sm90"), bucket_default(B4K, "sm90"))
+    assert {m.persistent for m in moves} == {0, 2}  # the default's one step up
+    assert not any(m.persistent for m in local_moves(space_for("sm90", "bwd"), TuningParams(loads="tma_host")))

@@ -2,6 +2,14 @@
 
 A kernel passes when its error against an fp32 reference is at most twice the error
 of PyTorch computing the same function in the inputs' dtype, plus a small atol.
+
+fp8 inputs: the reference is fp32 attention over the values the fp8 tensors stand for
+(dequantized), and PyTorch's error is that of PyTorch computing with the kernel's
+roundings: both matmuls on the fp8 tensors by PyTorch's fp8 GEMM (torch._scaled_mm with
+the tensor cores' fast accumulation, as Triton accumulates by default on sm90; exact on
+a CPU, where the interpreter's matmul is exact too), P rounded to e4m3, the output in
+bf16. How far fp8 is from the unquantized inputs is a separate question (docs/fp8.md
+measures it).
 """
 
 from __future__ import annotations
@@ -10,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..runtime.fp8 import FP8_TORCH, check_descales, dequantized
 from ..runtime.problem import Problem
-from ..runtime.reference import attention_reference
+from ..runtime.reference import attention_fp8, attention_reference
 
 ATOL = 1e-4
 
@@ -36,8 +45,19 @@ def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(d.max()) if d.numel() else 0.0
 
 
-def check_forward(q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8) -> Verdict:
-    """Judge a forward result by flash-attention's rule; NaN anywhere fails."""
+def _heads(descale, h0: int, h1: int):
+    """An fp8 factor restricted to heads [h0, h1) (a per-tensor factor covers them all)."""
+    f, stride_b, stride_h = descale
+    return descale if stride_b == 0 and stride_h == 0 else (f[:, h0:h1], stride_b, stride_h)
+
+
+def check_forward(q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8,
+                  descales=None) -> Verdict:
+    """Judge a forward result by flash-attention's rule; NaN anywhere fails. ``descales``:
+    fp8 inputs' factors as ``fa2gen.runtime.fp8.check_descales`` returns them (None: all 1)."""
+    fp8 = q.dtype == FP8_TORCH
+    if fp8:
+        descales = descales or check_descales(problem, q.device, None, None, None)
     outs32, lses32, outs_dt, lses_dt = [], [], [], []
     g = problem.group
     step = max(g, (heads_per_chunk // g) * g)
@@ -45,8 +65,13 @@ def check_forward(q, k, v, problem: Problem, out, lse=None, *, atol: float = ATO
         h1 = min(problem.heads_q, h0 + step)
         sub = Problem(**{**problem.__dict__, "heads_q": h1 - h0, "heads_kv": (h1 - h0) // g})
         qs, ks, vs = q[:, h0:h1], k[:, h0 // g : h1 // g], v[:, h0 // g : h1 // g]
-        o32, l32 = attention_reference(qs.float(), ks.float(), vs.float(), sub)
-        odt, ldt = attention_reference(qs, ks, vs, sub, compute_dtype=q.dtype)
+        if fp8:
+            ds = [_heads(d, a, b) for d, (a, b) in zip(descales, ((h0, h1), (h0 // g, h1 // g), (h0 // g, h1 // g)))]
+            o32, l32 = attention_reference(*(dequantized(t, d) for t, d in zip((qs, ks, vs), ds)), sub)
+            odt, ldt = attention_fp8(qs, ks, vs, ds, sub)
+        else:
+            o32, l32 = attention_reference(qs.float(), ks.float(), vs.float(), sub)
+            odt, ldt = attention_reference(qs, ks, vs, sub, compute_dtype=q.dtype)
         outs32.append(o32)
         lses32.append(l32)
         outs_dt.append(odt)

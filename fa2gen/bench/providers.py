@@ -17,10 +17,15 @@ class Provider:
     name: str
     build: Callable  # (case, q, k, v) -> zero-argument callable running the forward
     cuda_only: bool = True
+    # fp8 cases: whether it takes the fp8 tensors; the others run on the same values in bf16
+    takes_fp8: bool = False
+    fp8_only: bool = False
 
     def unavailable(self, case: Case, device: torch.device) -> str | None:
         if self.cuda_only and device.type != "cuda":
             return "needs CUDA"
+        if self.fp8_only and not case.dtype.startswith("fp8"):
+            return "for fp8 cases only"
         if case.causal and case.seqlen != case.kv_seqlen and self.name.startswith("sdpa"):
             return "SDPA's causal mask is top-left aligned; fa2gen's is bottom-right"
         return None
@@ -100,8 +105,10 @@ def _flex(case, q, k, v):
 PROVIDERS: dict[str, Provider] = {
     p.name: p
     for p in (
-        Provider("fa2gen", _fa2gen, cuda_only=False),
-        Provider("fa2gen-default", _fa2gen_default, cuda_only=False),
+        Provider("fa2gen", _fa2gen, cuda_only=False, takes_fp8=True),
+        Provider("fa2gen-default", _fa2gen_default, cuda_only=False, takes_fp8=True),
+        # fa2gen's own bf16 forward on the values an fp8 case holds: what fp8 is measured against
+        Provider("fa2gen-bf16", _fa2gen, cuda_only=False, fp8_only=True),
         Provider("sdpa-cudnn", _sdpa("CUDNN_ATTENTION")),
         Provider("sdpa-flash", _sdpa("FLASH_ATTENTION")),
         Provider("sdpa-efficient", _sdpa("EFFICIENT_ATTENTION")),

@@ -8,7 +8,7 @@ from pathlib import Path
 from .grid import Case
 from .runner import Result, geomean
 
-SHORT = {"fa2gen": "fa2gen", "fa2gen-default": "default", "sdpa-cudnn": "cuDNN", "sdpa-flash": "FA2", "sdpa-efficient": "mem-eff",
+SHORT = {"fa2gen": "fa2gen", "fa2gen-default": "default", "fa2gen-bf16": "own-bf16", "sdpa-cudnn": "cuDNN", "sdpa-flash": "FA2", "sdpa-efficient": "mem-eff",
          "flex": "Flex", "sdpa-math": "math"}
 
 

@@ -85,11 +85,16 @@ def _has_nan(x) -> bool:
 
 def run_case(case: Case, providers: list[str], device: torch.device, *, seed: int = 0, mode: str = "fwd") -> Result:
     q, k, v = make_inputs(case, device, seed=seed)
+    fp8 = case.dtype.startswith("fp8")
+    if fp8 and mode != "fwd":
+        raise ValueError(f"{case.dtype} is forward only; got mode {mode!r}")
     dout = None
     if mode != "fwd":
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         g = torch.Generator(device=device).manual_seed(seed + 1)
         dout = torch.randn(q.shape, generator=g, device=device, dtype=torch.float32).to(q.dtype)
+    # e4m3 values are exact in bf16: providers without fp8 run on the same values
+    wide = tuple(t.to(torch.bfloat16) for t in (q, k, v)) if fp8 else (q, k, v)
     result = Result(case, mode)
     outputs = {}
     for name in providers:
@@ -99,7 +104,8 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
             result.skipped[name] = why
             continue
         try:
-            fn = timed_call(prov.build(case, q, k, v), mode, (q, k, v), dout)
+            inputs = (q, k, v) if prov.takes_fp8 else wide
+            fn = timed_call(prov.build(case, *inputs), mode, inputs, dout)
             out = fn()
             if device.type == "cuda":
                 torch.cuda.synchronize()

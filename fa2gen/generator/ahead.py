@@ -25,6 +25,7 @@ PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")  # launched with their ow
 
 
 _TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
+_TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv"}
 
 
 def kernels_of(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
@@ -51,18 +52,20 @@ _DESCRIPTOR_ROWS = {
 
 def _signature(fn, constexprs: dict, spec: KernelSpec, params: TuningParams) -> dict:
     sig = {}
+    element = _TRITON_TYPES[spec.dtype]
     rows_of = _DESCRIPTOR_ROWS.get(fn.__name__, {}) if params.loads == "tma_host" else {}
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
         elif name in rows_of:
             rows = params.block_m if rows_of[name] == "m" else params.block_n
-            sig[name] = f"tensordesc<{spec.dtype}[1,1,{rows},{spec.head_dim_padded}]>"
+            block = f"{spec.head_dim_padded},{rows}" if spec.fp8 and name == "V" else f"{rows},{spec.head_dim_padded}"
+            sig[name] = f"tensordesc<{_TRITON_TYPES[spec.out_dtype] if name == 'O' else element}[1,1,{block}]>"
         elif name == "DQACC" and params.dq_mode == "tma_reduce" and fn.__name__ == "attn_bwd_dkdv":
             sig[name] = f"tensordesc<fp32[1,1,{params.block_n},{spec.head_dim_padded}]>"
         elif name in _TENSORS:
-            sig[name] = f"*{spec.dtype}"
-        elif name in ("LSE", "DELTA", "DQACC"):
+            sig[name] = f"*{_TRITON_TYPES[spec.out_dtype] if name == 'O' else element}"
+        elif name in ("LSE", "DELTA", "DQACC") or name.startswith("DESCALE"):
             sig[name] = "*fp32"
         elif name in ("sm_scale", "softcap"):
             sig[name] = "fp32"

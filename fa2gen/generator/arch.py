@@ -12,14 +12,15 @@ class ArchInfo:
     name: str
     smem_bytes: int  # opt-in shared memory per block
     has_tma: bool
+    has_fp8: bool  # e4m3 tensor-core matmuls
     max_warps: int = 16
 
 
 ARCHES: dict[str, ArchInfo] = {
-    "sm80": ArchInfo("sm80", 163 * 1024, False),
-    "sm86": ArchInfo("sm86", 99 * 1024, False),
-    "sm89": ArchInfo("sm89", 99 * 1024, False),
-    "sm90": ArchInfo("sm90", 227 * 1024, True),
+    "sm80": ArchInfo("sm80", 163 * 1024, False, False),
+    "sm86": ArchInfo("sm86", 99 * 1024, False, False),
+    "sm89": ArchInfo("sm89", 99 * 1024, False, True),
+    "sm90": ArchInfo("sm90", 227 * 1024, True, True),
 }
 
 
@@ -44,7 +45,7 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles; with
     ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction.
     """
-    elt = 2
+    elt = spec.element_bytes
     dp = spec.head_dim_padded
     stages = max(1, params.num_stages)
     if spec.direction == "bwd":
@@ -65,6 +66,8 @@ def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:
         return f"unknown arch {arch!r}"
     if params.loads in TMA_LOADS and not info.has_tma:
         return f"tma loads need sm90+, {arch} has none"
+    if spec.fp8 and not info.has_fp8:
+        return f"{spec.dtype} needs fp8 tensor cores (sm89+), {arch} has none"
     if params.num_warps > info.max_warps:
         return f"num_warps {params.num_warps} > {info.max_warps}"
     need = smem_estimate(spec, params)

@@ -56,6 +56,8 @@ class Variant:
         parts.append(p.loads)
         if s.direction == "bwd":
             parts.append(f"dq{p.dq_mode}")
+        if p.persistent:
+            parts.append(f"persistent{p.persistent}")
         parts.append(self.digest)
         return "_".join(parts)
 

@@ -53,6 +53,8 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
         head_dim=spec.head_dim,
         head_dim_padded=spec.head_dim_padded,
         pad_head=spec.head_dim != spec.head_dim_padded,
+        fp8=spec.fp8,
+        persistent=params.persistent,
         mask=spec.mask,
         softcap=spec.softcap,
         loads=params.loads,

@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 DIRECTIONS = ("fwd", "bwd")
-DTYPES = ("fp16", "bf16")
+DTYPES = ("fp16", "bf16", "fp8e4m3")
+FP8_DTYPES = ("fp8e4m3",)  # forward only: e4m3 inputs with descaling factors, bf16 output
 MASKS = ("none", "causal", "local")
 LOADS = ("pointer", "tma_device", "tma_host")
 TMA_LOADS = ("tma_device", "tma_host")
@@ -22,6 +23,7 @@ HEAD_DIMS = tuple(range(16, 257, 8))
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 NUM_WARPS = (1, 2, 4, 8, 16)
 NUM_STAGES = (1, 2, 3, 4, 5)
+PERSISTENT = (0, 1, 2)  # programs per SM of a persistent forward grid; 0: one program per tile
 
 
 class SpecError(ValueError):
@@ -45,7 +47,9 @@ class KernelSpec:
     """The function a generated kernel computes.
 
     direction: "fwd", or "bwd" (the three backward kernels: delta, dK/dV, dQ).
-    dtype: element type of q/k/v/o.
+    dtype: element type of q/k/v: "fp16" or "bf16" (o in the same type), or "fp8e4m3"
+        (forward only: q, k, v in e4m3 with per-tensor or per-head descaling factors, V
+        staged transposed, P rounded to e4m3 for its matmul, o in bf16).
     head_dim: D, any multiple of 8 in [16, 256]; padded to a power of two inside.
     mask: "none", "causal" (bottom-right aligned) or "local" (sliding window whose
         left/right extents are runtime arguments; causal+window is "local" with right=0).
@@ -64,6 +68,21 @@ class KernelSpec:
         _check_choice("KernelSpec", "head_dim", self.head_dim, HEAD_DIMS)
         _check_choice("KernelSpec", "mask", self.mask, MASKS)
         _check_choice("KernelSpec", "softcap", self.softcap, (False, True))
+        if self.dtype in FP8_DTYPES and self.direction != "fwd":
+            raise SpecError(f"KernelSpec.dtype: {self.dtype} is forward only; the backward takes fp16 or bf16")
+
+    @property
+    def fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def out_dtype(self) -> str:
+        """Element type of the output: bf16 for fp8 inputs, else the inputs' own."""
+        return "bf16" if self.fp8 else self.dtype
+
+    @property
+    def element_bytes(self) -> int:
+        return 1 if self.fp8 else 2
 
     @property
     def head_dim_padded(self) -> int:
@@ -94,6 +113,9 @@ class TuningParams:
         kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed);
         "tma_reduce" does the same with one bulk reduction per tile through a host
         descriptor (sm90+, with loads="tma_host").
+    persistent (forward only): 0 launches one program per (query block, batch * head) tile;
+        1 or 2 launch that many programs per SM, each walking tiles in turn, the heaviest
+        causal tiles of every head first.
     """
 
     block_m: int = 64
@@ -102,6 +124,7 @@ class TuningParams:
     num_stages: int = 2
     loads: str = "pointer"
     dq_mode: str = "separate"
+    persistent: int = 0
 
     def __post_init__(self) -> None:
         _check_choice("TuningParams", "block_m", self.block_m, BLOCK_SIZES)
@@ -110,6 +133,7 @@ class TuningParams:
         _check_choice("TuningParams", "num_stages", self.num_stages, NUM_STAGES)
         _check_choice("TuningParams", "loads", self.loads, LOADS)
         _check_choice("TuningParams", "dq_mode", self.dq_mode, DQ_MODES)
+        _check_choice("TuningParams", "persistent", self.persistent, PERSISTENT)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TuningParams":
@@ -122,9 +146,11 @@ class TuningParams:
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
-        """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic" (say) when set."""
+        """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic" or " persistent2"
+        (say) when set."""
         text = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} {self.loads}"
-        return text + ("" if self.dq_mode == "separate" else f" dq-{self.dq_mode}")
+        text += "" if self.dq_mode == "separate" else f" dq-{self.dq_mode}"
+        return text + (f" persistent{self.persistent}" if self.persistent else "")
 
 
 # The backward's memory-bound passes (delta = rowsum(dO * O), and the atomic path's dQ
@@ -154,8 +180,15 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
     if spec.direction == "fwd" and params.dq_mode != "separate":
         return "dq_mode is a backward knob; the forward takes the default 'separate'"
+    if spec.direction == "bwd" and params.persistent:
+        return "persistent is a forward knob; the backward takes the default 0"
     if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
         return "dq_mode tma_reduce adds through a host tensor descriptor: it needs loads=tma_host"
+    # fp8 tensor-core matmuls reduce over at least 32 elements: keys in P @ V, the head in Q @ K^T
+    if spec.fp8 and params.block_n < 32:
+        return "fp8 needs block_n >= 32 (its P @ V matmul reduces over 32 keys at a time)"
+    if spec.fp8 and spec.head_dim_padded < 32:
+        return "fp8 needs head_dim > 16 (its Q @ K^T matmul reduces over 32 columns at a time)"
     return None
 
 
@@ -163,12 +196,13 @@ def param_space(spec: KernelSpec) -> list[TuningParams]:
     """Every TuningParams point that renders for ``spec``. Which of them suit an arch is
     the tuner's business (``fa2gen.tuner.space``)."""
     points = [
-        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld, dq_mode=dq)
+        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld, dq_mode=dq, persistent=ps)
         for bm in BLOCK_SIZES
         for bn in BLOCK_SIZES
         for w in NUM_WARPS
         for s in NUM_STAGES
         for ld in LOADS
         for dq in DQ_MODES
+        for ps in PERSISTENT
     ]
     return [p for p in points if unsupported(spec, p) is None]

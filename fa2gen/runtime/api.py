@@ -11,6 +11,7 @@ from ..generator.cache import interpreting
 from .autograd import differentiable
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
+from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
 from .launch import Launch, forward
 from .problem import make_problem
 from .reference import attention_reference
@@ -29,11 +30,15 @@ def attention(
     softcap: float = 0.0,
     return_lse: bool = False,
     deterministic: bool = False,
+    descale_q: torch.Tensor | None = None,
+    descale_k: torch.Tensor | None = None,
+    descale_v: torch.Tensor | None = None,
 ):
     """Exact softmax attention, FlashAttention-2 style, with a tuned generated kernel.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 (MQA/GQA). Any strides
-    with a contiguous last dim. fp16 or bf16; D a multiple of 8 in [16, 256].
+    with a contiguous last dim. fp16 or bf16; D a multiple of 8 in [16, 256]. Or fp8
+    (torch.float8_e4m3fn, forward only, sm89+ or the interpreter): the output is bf16.
     causal: bottom-right aligned (query i sees keys j <= i + Nk - Nq).
     sm_scale: score scale, default 1/sqrt(D).
     window_size: (left, right) sliding window as in flash-attention; -1 = unbounded.
@@ -43,9 +48,14 @@ def attention(
     deterministic: require bit-identical gradients across runs: the backward then computes
         dQ in its own kernel, never with atomics, whatever the tuned config says. Also
         implied by torch.use_deterministic_algorithms(True).
+    descale_q, descale_k, descale_v: fp8 inputs only. An fp8 tensor holds x / descale; each
+        factor is a float32 tensor of one value (per tensor) or one per (batch, head): (B, Hq)
+        for q (or (B, Hkv), shared by each GQA group), (B, Hkv) for k and v. None means 1.
+        fp8 trades accuracy for speed: P is rounded to e4m3 for the P @ V matmul, as in
+        FlashAttention-3 (docs/fp8.md has the measured error).
 
-    Differentiable in q, k and v (generated backward kernels; the forward keeps only O and
-    the log-sum-exp).
+    Differentiable in q, k and v for fp16 and bf16 (generated backward kernels; the forward
+    keeps only O and the log-sum-exp).
 
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
@@ -53,17 +63,21 @@ def attention(
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap)
+    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, (descale_q, descale_k, descale_v))
     launch = None if key is None else cached_launch(key)
     if launch is None:
         problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = launch.problem
+    if q.dtype == FP8_TORCH:
+        return _attention_fp8(q, k, v, problem, launch, key, return_lse, (descale_q, descale_k, descale_v))
+    no_descales(descale_q, descale_k, descale_v, q.dtype)
     if q.device.type == "cuda":
         index = q.device.index
         current = torch.cuda.current_device()
         if launch is None:
-            launch = Launch(problem, select_params(problem, cuda_device_info(current if index is None else index)))
+            info = cuda_device_info(current if index is None else index)
+            launch = Launch(problem, select_params(problem, info), info.sm_count)
             if key is not None:
                 remember_launch(key, launch)
         if index is None or index == current:
@@ -75,17 +89,49 @@ def attention(
         run = functools.partial(forward, q, k, v, problem, select_params(problem, None))
         out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic)
     else:
-        global _warned_cpu
-        if not _warned_cpu:
-            _warned_cpu = True
-            warnings.warn(
-                "fa2gen.attention on CPU tensors uses a PyTorch reference path "
-                "(set TRITON_INTERPRET=1 to run the generated kernel under Triton's interpreter)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        _warn_cpu()
         out, lse = attention_reference(q, k, v, problem)
     return (out, lse) if return_lse else out
+
+
+def _attention_fp8(q, k, v, problem, launch, key, return_lse: bool, descales):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError("fp8 attention is forward only: q, k and v must not require grad")
+    descales = check_descales(problem, q.device, *descales)
+    if q.device.type == "cuda":
+        index = q.device.index
+        current = torch.cuda.current_device()
+        info = cuda_device_info(current if index is None else index)
+        if info.capability < (8, 9):
+            raise RuntimeError(f"fp8 attention needs fp8 tensor cores (sm89 or newer); {q.device} is {info.arch}")
+        if launch is None:
+            launch = Launch(problem, select_params(problem, info), info.sm_count)
+            if key is not None:
+                remember_launch(key, launch)
+        if index is None or index == current:
+            out, lse = forward(q, k, v, problem, launch.params, launch=launch, descales=descales)
+        else:
+            out, lse = _on_device(index, forward, q, k, v, problem, launch.params, launch=launch, descales=descales)
+    elif interpreting():
+        out, lse = forward(q, k, v, problem, select_params(problem, None), descales=descales)
+    else:
+        _warn_cpu()
+        real = [dequantized(t, d) for t, d in zip((q, k, v), descales)]
+        out, lse = attention_reference(*real, problem)
+        out = out.to(torch.bfloat16)
+    return (out, lse) if return_lse else out
+
+
+def _warn_cpu() -> None:
+    global _warned_cpu
+    if not _warned_cpu:
+        _warned_cpu = True
+        warnings.warn(
+            "fa2gen.attention on CPU tensors uses a PyTorch reference path "
+            "(set TRITON_INTERPRET=1 to run the generated kernel under Triton's interpreter)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _on_device(index, fn, *args, **kwargs):
@@ -93,7 +139,7 @@ def _on_device(index, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def _call_key(q, k, v, causal, sm_scale, window_size, softcap) -> tuple | None:
+def _call_key(q, k, v, causal, sm_scale, window_size, softcap, descales=(None, None, None)) -> tuple | None:
     """What makes two CUDA calls launch the same kernel the same way, or None when the
     call cannot be keyed cheaply (then it is validated and dispatched in full).
 
@@ -119,6 +165,8 @@ def _call_key(q, k, v, causal, sm_scale, window_size, softcap) -> tuple | None:
             k.shape, k.stride(), k.dtype, k.device,
             v.shape, v.stride(), v.dtype, v.device,
             causal, sm_scale, window_size, softcap,
+            # the factors' layout (not their values), which validation depends on
+            *(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in descales),
         )
     except (AttributeError, TypeError):  # not tensors: full validation says what is wrong
         return None

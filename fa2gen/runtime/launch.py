@@ -6,6 +6,7 @@ import torch
 
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import TMA_LOADS, TuningParams
+from .fp8 import check_descales, transposed_v
 from .interpreter import patch_interpreter
 from .problem import Problem
 
@@ -56,12 +57,25 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
-def host_descriptor(t: torch.Tensor, rows: int, head_dim_padded: int):
-    """A host tensor descriptor over a whole (B, H, N, D) tensor with (rows x head_dim_padded)
-    blocks: rows past N and columns past D read as zero and are not written."""
+def host_descriptor(t: torch.Tensor, rows: int, cols: int):
+    """A host tensor descriptor over a whole 4-D tensor, (B, H, N, D) or fp8's transposed V
+    (B, H, D, N), with (rows x cols) blocks: rows and columns past its last two dims read as
+    zero and are not written."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim_padded])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols])
+
+
+# Under the interpreter a persistent grid this small makes every program walk several tiles.
+_INTERPRETER_SMS = 3
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    from .device import cuda_device_info
+
+    return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).sm_count
 
 
 def window_extents(problem: Problem) -> tuple[int, int]:
@@ -78,9 +92,11 @@ class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
-    __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "rows", "_fallback")
+    __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "_fallback")
 
-    def __init__(self, problem: Problem, params: TuningParams):
+    def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
+        """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
+        at the first run)."""
         self.problem = problem
         self.params = params
         self.spec = spec = problem.kernel_spec()
@@ -92,7 +108,11 @@ class Launch:
             problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k,
             problem.sm_scale, problem.softcap, left, right,
         )
-        self.grid = (-(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q,)
+        tiles = -(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q
+        self.grid = (tiles,)
+        if params.persistent:
+            self.scalars += (tiles,)
+            self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
         self.constexprs = dict(
             HEAD_DIM=problem.head_dim,
             HEAD_DIM_PAD=dp,
@@ -101,8 +121,9 @@ class Launch:
             num_warps=params.num_warps,
             num_stages=params.num_stages,
         )
-        # Descriptor block rows of q, k, v and out.
-        self.rows = (params.block_m, params.block_n, params.block_n, params.block_m)
+        # Descriptor blocks of q, k, v and out; fp8's V is transposed, (D x keys) blocks.
+        v_block = (dp, params.block_n) if spec.fp8 else (params.block_n, dp)
+        self.blocks = ((params.block_m, dp), (params.block_n, dp), v_block, (params.block_m, dp))
         self._fallback = None
 
     def fallback(self) -> "Launch":
@@ -111,22 +132,33 @@ class Launch:
             self._fallback = Launch(self.problem, effective_params(self.spec, self.params))
         return self._fallback
 
-    def run(self, q, k, v, out, lse, *, compile_only: bool = False) -> None:
+    def run(self, q, k, v, out, lse, *, descales=None, compile_only: bool = False) -> None:
+        """``descales``: for fp8 inputs, the three (factor, stride_b, stride_h) of
+        ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here."""
+        if self.spec.fp8:
+            v = transposed_v(v)
+        self._launch(q, k, v, out, lse, descales, compile_only)
+
+    def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
         if self.params.loads in TMA_LOADS and not tma_compatible(q, k, v, out):
-            return self.fallback().run(q, k, v, out, lse, compile_only=compile_only)
+            return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
         if self.module is None:
             if interpreting():
                 patch_interpreter()
             self.module = load_module(self.spec, self.params)
+        if self.grid is None:  # persistent, first run: as many programs as the SMs hold
+            self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         kernel = self.module.attn_fwd
         if self.params.loads == "tma_host":
-            dp = self.spec.head_dim_padded
-            args = [host_descriptor(t, r, dp) for t, r in zip((q, k, v, out), self.rows)]
+            args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
             args.append(lse)
         else:
             if self.params.loads == "tma_device" and q.device.type == "cuda":
                 ensure_allocator()
             args = [q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3]]
+        if self.spec.fp8:
+            args[5:5] = [d[0] for d in descales]  # after LSE, before any stride
+            args += [s for d in descales for s in d[1:]]
         if compile_only:
             kernel.warmup(*args, *self.scalars, grid=self.grid, **self.constexprs)
         else:
@@ -134,19 +166,23 @@ class Launch:
 
 
 def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False,
-            launch: Launch | None = None):
+            launch: Launch | None = None, descales=None):
     """Run the forward kernel for ``problem`` with ``params``; returns (out, lse fp32).
 
     ``out``/``lse`` may be given preallocated (tests poison them with NaN first).
     ``compile_only`` compiles the exact specialisation this call would launch, without
     launching it (the tuner's compile workers). ``launch``: a ``Launch`` built earlier
     for this problem and these params (``attention()`` keeps one per call shape).
+    ``descales``: fp8 inputs' factors as ``fp8.check_descales`` returns them (None: all 1).
     """
+    fp8 = problem.kernel_spec().fp8
+    if fp8 and descales is None:
+        descales = check_descales(problem, q.device, None, None, None)
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device) if fp8 else torch.empty_like(q)
     if lse is None:
         lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
     if problem.batch == 0:
         return out, lse
-    (launch or Launch(problem, params)).run(q, k, v, out, lse, compile_only=compile_only)
+    (launch or Launch(problem, params)).run(q, k, v, out, lse, descales=descales, compile_only=compile_only)
     return out, lse

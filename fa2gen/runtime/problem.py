@@ -15,7 +15,14 @@ import torch
 
 from ..generator.spec import HEAD_DIMS, KernelSpec
 
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8e4m3"}
+TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
+
+
+def random_normal(*shape, dtype: torch.dtype, device, generator=None) -> torch.Tensor:
+    """Standard normal values in ``dtype``; fp8 ones are drawn in fp32 and rounded."""
+    draw = torch.float32 if dtype.itemsize == 1 else dtype
+    return torch.randn(*shape, device=device, dtype=draw, generator=generator).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,8 @@ def _check_tensor(name: str, t) -> None:
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
     if t.dtype not in DTYPE_NAMES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16")
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16, "
+                        "torch.float8_e4m3fn (forward only)")
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
 
@@ -112,6 +120,8 @@ def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), 
         raise ValueError(f"k must have seqlen >= 1, got {Nk}")
     if D not in HEAD_DIMS:
         raise ValueError(f"head_dim {D} unsupported: must be a multiple of 8 from 16 to 256")
+    if q.dtype == torch.float8_e4m3fn and D <= 16:
+        raise ValueError(f"head_dim {D} unsupported for fp8: must be 24 or more (fp8 matmuls reduce over 32 columns)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = 1.0 / math.sqrt(D) if sm_scale is None else _check_real("sm_scale", sm_scale, minimum=0.0, inclusive=False)

@@ -67,6 +67,7 @@ class Bucket:
         for name, value, allowed in checks:
             if type(value) is not type(allowed[0]) or value not in allowed:
                 raise SpecError(f"Bucket.{name}: {value!r} is not one of the allowed values")
+        self.kernel_spec()  # the combination must be one a kernel computes (fp8: forward only)
 
     @classmethod
     def of(cls, problem, direction: str = "fwd") -> "Bucket":

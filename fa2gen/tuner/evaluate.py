@@ -81,7 +81,7 @@ class CostModelEvaluator:
     """Stands in for the GPU in CPU tests of the tuner.
 
     Cost (ms) of a candidate = base * (1 + 0.25 * distance to ``optimum``) over tiles, warps,
-    stages, load path and dQ mode, smooth with a single optimum (default block_m 128, block_n 64,
+    stages, load path, dQ mode and persistent grid, smooth with a single optimum (default block_m 128, block_n 64,
     4 warps, 2 stages, tma_host, dQ separate), multiplied by the bucket's FLOPs so that buckets differ.
     Candidates with ``num_warps == 8 and num_stages == 3 and loads == "tma_device"`` "fail to
     compile" and those with ``block_m == 32 and block_n == 64 and num_stages == 1`` "compute a
@@ -98,7 +98,8 @@ class CostModelEvaluator:
         o = self.optimum
         d = (abs(math.log2(p.block_m) - math.log2(o.block_m)) + abs(math.log2(p.block_n) - math.log2(o.block_n))
              + 0.5 * abs(math.log2(p.num_warps) - math.log2(o.num_warps)) + 0.3 * abs(p.num_stages - o.num_stages)
-             + (0.0 if p.loads == o.loads else 0.4) + (0.0 if p.dq_mode == o.dq_mode else 0.3))
+             + (0.0 if p.loads == o.loads else 0.4) + (0.0 if p.dq_mode == o.dq_mode else 0.3)
+             + 0.2 * abs(p.persistent - o.persistent))
         return flops(bucket) / 400e12 * 1e3 * (1.0 + 0.25 * d)
 
     def compile(self, bucket, candidates):
@@ -129,12 +130,12 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
 
         from ..runtime.backward import backward
         from ..runtime.launch import forward
-        from ..runtime.problem import make_problem
+        from ..runtime.problem import TORCH_DTYPES, make_problem
         from ..store.buckets import Bucket
 
         bucket = Bucket.parse(bucket_key)
         s = representative_problem(bucket)
-        dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
+        dt = TORCH_DTYPES[bucket.dtype]
         q = torch.empty(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt)
         k = torch.empty(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt)
         problem = make_problem(q, k, k, **_semantics(bucket))
@@ -248,15 +249,15 @@ class GpuEvaluator:
     def _problem_inputs(self, bucket: Bucket):
         import torch
 
-        from ..runtime.problem import make_problem
+        from ..runtime.problem import TORCH_DTYPES, make_problem, random_normal
 
         if bucket not in self._inputs:
             s = representative_problem(bucket)
-            dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
-            g = torch.Generator(device="cuda").manual_seed(self.seed)
-            q = torch.randn(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt, generator=g)
-            k = torch.randn(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt, generator=g)
-            v = torch.randn(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt, generator=g)
+            kw = dict(dtype=TORCH_DTYPES[bucket.dtype], device="cuda",
+                      generator=torch.Generator(device="cuda").manual_seed(self.seed))
+            q = random_normal(s.batch, s.heads_q, s.seqlen_q, s.head_dim, **kw)
+            k = random_normal(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, **kw)
+            v = random_normal(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, **kw)
             kw = _semantics(bucket)
             self._inputs = {bucket: (q, k, v, make_problem(q, k, v, **kw))}  # one bucket's inputs at a time
         return self._inputs[bucket]
@@ -270,15 +271,15 @@ class GpuEvaluator:
         from ..runtime.defaults import bucket_default
         from ..runtime.device import cuda_device_info
         from ..runtime.launch import forward
-        from ..runtime.problem import make_problem
+        from ..runtime.problem import TORCH_DTYPES, make_problem, random_normal
 
         # Gate: fresh random inputs of an odd small shape with the bucket's semantics.
         s = representative_problem(bucket)
-        dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[bucket.dtype]
+        kw = dict(dtype=TORCH_DTYPES[bucket.dtype], device="cuda")
         nq, nk = min(s.seqlen_q, 333) | 1, min(s.seqlen_k, 517) | 1
-        gq = torch.randn(2, 2 * bucket.group, nq, s.head_dim, device="cuda", dtype=dt)
-        gk = torch.randn(2, 2, nk, s.head_dim, device="cuda", dtype=dt)
-        gv = torch.randn(2, 2, nk, s.head_dim, device="cuda", dtype=dt)
+        gq = random_normal(2, 2 * bucket.group, nq, s.head_dim, **kw)
+        gk = random_normal(2, 2, nk, s.head_dim, **kw)
+        gv = random_normal(2, 2, nk, s.head_dim, **kw)
         gp = make_problem(gq, gk, gv, **_semantics(bucket))
         bwd = bucket.direction == "bwd"
         # The backward is timed on the forward's outputs, computed once with the default forward.
@@ -286,7 +287,7 @@ class GpuEvaluator:
         if bwd:
             arch = cuda_device_info(torch.cuda.current_device()).arch
             fwd_params = bucket_default(dataclasses.replace(bucket, direction="fwd"), arch)
-        out = torch.full_like(gq, float("nan"))
+        out = torch.full(gq.shape, float("nan"), device="cuda", dtype=TORCH_DTYPES[gp.kernel_spec().out_dtype])
         lse = torch.full((2, 2 * bucket.group, nq), float("nan"), device="cuda")
         try:
             forward(gq, gk, gv, gp, fwd_params, out=out, lse=lse)
@@ -311,7 +312,7 @@ class GpuEvaluator:
                 t = time_it(lambda: backward(q, k, v, o, l, dout, problem, params,
                                              dq=timed[0], dk=timed[1], dv=timed[2]))
             else:
-                timed = [torch.full_like(q, float("nan"))]
+                timed = [torch.full(q.shape, float("nan"), device="cuda", dtype=out.dtype)]
                 t = time_it(lambda: forward(q, k, v, problem, params, out=timed[0]))
             if any(torch.isnan(x).any() for x in timed):
                 raise Rejected("NaN in the timed output")

@@ -23,6 +23,7 @@ class SearchSpace:
     num_stages: tuple[int, ...]
     loads: tuple[str, ...]
     dq_mode: tuple[str, ...] = ("separate",)  # the backward's; the forward has one choice
+    persistent: tuple[int, ...] = (0,)  # the forward's programs per SM; 0: one per tile
 
     def choices(self) -> dict[str, tuple]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
@@ -49,8 +50,11 @@ SPACES = {
     "sm80": SearchSpace("sm80", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4, 5), ("pointer",)),
     "sm86": SearchSpace("sm86", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
     "sm89": SearchSpace("sm89", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
-    # Hopper: 228 KB, warp groups of 4 warps, three load paths.
-    "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host")),
+    # Hopper: 228 KB, warp groups of 4 warps, three load paths, and persistent grids of two
+    # programs per SM. One per SM halves occupancy and measured 0.32-0.78x the plain grid on
+    # the H200 (benchmarks/results/persistent-ab-h200.txt), so it is not searched.
+    "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
+                        persistent=(0, 2)),
 }
 
 
@@ -104,7 +108,7 @@ BWD_SPACES = {
 }
 
 # Knobs whose values are ordered (sizes, counts): a local move goes to the next value either side.
-_ORDERED = {"block_m", "block_n", "num_warps", "num_stages"}
+_ORDERED = {"block_m", "block_n", "num_warps", "num_stages", "persistent"}
 
 
 def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
@@ -112,7 +116,7 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
     down and up (tile sizes halved and doubled, one stage fewer and more), every other
     value of the unordered ones. Ordered by knob as the H200's backward winners differ most
     from one bucket to the next: loop step, stages, load path, warps, then owned rows."""
-    order = ["block_n", "num_stages", "loads", "num_warps", "block_m", "dq_mode"]
+    order = ["block_n", "num_stages", "loads", "num_warps", "block_m", "dq_mode", "persistent"]
     moves = []
     for name in order:
         values = space.choices()[name]
