@@ -1,14 +1,16 @@
 """A few identical attention calls to run under a profiler (Nsight Compute), nothing else.
 
-Warms up (compiles, tunes nothing), then makes --calls calls of the forward, the backward
-or both, with the config attention() dispatches (or --dq-mode for the backward). Example:
+Warms up (compiles, tunes nothing), then makes --calls calls of the forward or the backward,
+with the config attention() dispatches (or --dq-mode for the backward), or of SDPA's cuDNN
+forward (--provider sdpa-cudnn) for a side-by-side profile. The calls after the warm-up run
+inside the NVTX range "profile", so that ncu can skip everything else. Example:
 
-  ncu --clock-control none --kernel-name regex:attn_bwd --launch-skip 6 --launch-count 3 \
+  ncu --clock-control none --nvtx --nvtx-include "profile/" --kernel-name regex:attn_bwd --launch-count 3 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy \
       python benchmarks/profile_calls.py --direction bwd --shape 2,16,8192,128 --causal
 
-usage: python benchmarks/profile_calls.py [--direction fwd|bwd] [--shape B,H,N,D] [--dtype fp16|bf16]
-       [--causal] [--calls N] [--dq-mode separate|atomic]
+usage: python benchmarks/profile_calls.py [--direction fwd|bwd] [--provider fa2gen|sdpa-cudnn] [--shape B,H,N,D]
+       [--dtype fp16|bf16] [--causal] [--calls N] [--dq-mode separate|atomic]
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention
 
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.runtime.backward import backward
@@ -28,6 +32,7 @@ from fa2gen.runtime.problem import make_problem
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--direction", choices=("fwd", "bwd"), default="bwd")
+    ap.add_argument("--provider", choices=("fa2gen", "sdpa-cudnn"), default="fa2gen")
     ap.add_argument("--shape", default="2,16,8192,128", help="B,H,N,D")
     ap.add_argument("--dtype", choices=("fp16", "bf16"), default="bf16")
     ap.add_argument("--causal", action="store_true")
@@ -44,16 +49,28 @@ def main() -> None:
         params = params.replace(dq_mode=args.dq_mode)
     dout = torch.randn_like(out)
 
+    if args.provider == "sdpa-cudnn" and args.direction != "fwd":
+        ap.error("--provider sdpa-cudnn profiles the forward only")
+
     def call():
-        if args.direction == "fwd":
+        if args.provider == "sdpa-cudnn":
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+        elif args.direction == "fwd":
             forward(q, k, v, problem, params)
         else:
             backward(q, k, v, out, lse, dout, problem, params)
 
-    for _ in range(2 + args.calls):  # two warm-up calls compile and settle; skip their launches
+    for _ in range(2):  # warm-up calls compile and settle, outside the profiled range
         call()
     torch.cuda.synchronize()
-    print(f"{args.direction} {args.shape} {args.dtype} causal={args.causal}: {params.label()}")
+    torch.cuda.nvtx.range_push("profile")
+    for _ in range(args.calls):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    what = "SDPA cuDNN" if args.provider == "sdpa-cudnn" else params.label()
+    print(f"{args.direction} {args.shape} {args.dtype} causal={args.causal}: {what}")
 
 
 if __name__ == "__main__":
