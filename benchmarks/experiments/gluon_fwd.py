@@ -8,23 +8,28 @@ while P·V is still on the tensor cores; only the rescale of the accumulator wai
 Without OVERLAP the same kernel waits for every matmul at once, as plain Triton does.
 
 K and V stream through a ring of STAGES shared-memory slots filled by the TMA, each with its
-own mbarrier. Two warp groups (8 warps) share one 128-row query tile, 64 rows each. Scope:
-non-causal, Nq = Nk = N a multiple of BLOCK_N (at least STAGES blocks), contiguous (B, H, N, D)
-fp16/bf16 inputs: what the canonical grid needs to tell whether this pays.
+own mbarrier. Two warp groups (8 warps) share one 128-row query tile, 64 rows each. Causal
+tiles run longest first, and only the key blocks that cross the diagonal are masked. Scope:
+Nq = Nk = N a multiple of 128 and of BLOCK_N, contiguous (B, H, N, D) fp16/bf16 inputs, no
+GQA: what the canonical grid needs to tell whether this pays.
 
-usage: python benchmarks/experiments/gluon_fwd.py --compile-only   (no GPU: compiles for sm90,
-           prints ptxas's registers and spills and the SASS's HGMMA count per variant)
-       python benchmarks/experiments/gluon_fwd.py [--seqlens 4096,16384] [--dtypes fp16,bf16]
-           (checks each variant by flash-attention's rule on NaN-poisoned outputs, then times it
-           beside fa2gen's shipped forward and SDPA cuDNN)
+usage: python benchmarks/experiments/gluon_fwd.py --compile-only [--head-dims 64,128]
+           (no GPU: compiles each variant for sm90; ptxas's registers and spills, the SASS's HGMMAs)
+       python benchmarks/experiments/gluon_fwd.py [--dtypes fp16,bf16] [--head-dims 128]
+           [--seqlens 1024,4096,16384] [--timeout 120] [--out F.json]
+           (times fa2gen's shipped forward and SDPA cuDNN on the canonical grid's cells, then
+           each variant in its own process with a time limit: checked by flash-attention's
+           rule on NaN-poisoned outputs, then timed)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -56,15 +61,31 @@ def _refill(desc, bars, smem, index, row0, n_blocks, BLOCK_N: gl.constexpr, STAG
 
 
 @gluon.jit
+def _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N: gl.constexpr):
+    # Only the blocks that cross the diagonal pay for the comparison.
+    if j >= first_masked:
+        s = gl.where(j * BLOCK_N + k_off <= q_idx, s, -float("inf"))
+    return s
+
+
+@gluon.jit
 def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   STAGES: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                   STAGES: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
-    pid_m = gl.program_id(0)
+    if CAUSAL:  # the longest query tiles first
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
     bh = gl.program_id(1)
     q_row = bh * N + pid_m * BLOCK_M
     kv_row = bh * N
-    n_blocks = N // BLOCK_N
+    if CAUSAL:  # key blocks up to the diagonal; those that cross it get the mask
+        n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N
+        first_masked = (pid_m * BLOCK_M) // BLOCK_N
+    else:
+        n_blocks = N // BLOCK_N
+        first_masked = n_blocks
 
     # Scores and output in wgmma accumulator layouts, 16 rows per warp; P feeds the second
     # matmul from registers.
@@ -75,6 +96,9 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    q_idx = gl.expand_dims(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s), 1)
+    k_off = gl.expand_dims(gl.arange(0, BLOCK_N, layout=col_s), 0)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
@@ -105,6 +129,8 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
         mbarrier.wait(k_bars.index(0), 0)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
+        if CAUSAL:
+            s = _causal_mask(s, 0, first_masked, q_idx, k_off, BLOCK_N)
         m_i = gl.max(s, 1) * qk_scale
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
         l_i = gl.sum(p, 1)
@@ -120,6 +146,8 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
             # wgmma groups retire in order: one outstanding means the scores are done.
             s = warpgroup_mma_wait(1, deps=(s,))
+            if CAUSAL:
+                s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
             alpha = gl.exp2(m_i - m_new)
@@ -142,6 +170,8 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
             mbarrier.wait(k_bars.index(slot), phase)
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s,))
+            if CAUSAL:
+                s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
             alpha = gl.exp2(m_i - m_new)
@@ -179,11 +209,11 @@ def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def run(q, k, v, block_n: int, stages: int, overlap: bool, out=None):
-    """(out, lse) of non-causal attention over contiguous (B, H, N, D) q, k, v."""
+def run(q, k, v, block_n: int, stages: int, overlap: bool, causal: bool, out=None):
+    """(out, lse) of attention over contiguous (B, H, N, D) q, k, v, causal or not."""
     b, h, n, d = q.shape
-    if n % block_n or n // block_n < stages or n % BLOCK_M:
-        raise ValueError(f"N={n} must be a multiple of {BLOCK_M} and of BLOCK_N={block_n}, with >= {stages} blocks")
+    if n % BLOCK_M or n % block_n:
+        raise ValueError(f"N={n} must be a multiple of {BLOCK_M} and of BLOCK_N={block_n}")
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
@@ -191,87 +221,141 @@ def run(q, k, v, block_n: int, stages: int, overlap: bool, out=None):
     dq, dk, dv, do = (TensorDescriptor.from_tensor(t, blk, _layout(blk, gdt))
                       for t, blk in zip(flat, ([BLOCK_M, d], [block_n, d], [block_n, d], [BLOCK_M, d])))
     grid = (n // BLOCK_M, b * h)
-    gluon_attn_fwd[grid](dq, dk, dv, do, lse, n, LOG2E / math.sqrt(d), BLOCK_M, block_n, d, stages, overlap,
+    gluon_attn_fwd[grid](dq, dk, dv, do, lse, n, LOG2E / math.sqrt(d), BLOCK_M, block_n, d, stages, overlap, causal,
                          num_warps=NUM_WARPS)
     return out, lse
 
 
-def compile_only(head_dim: int) -> None:
+def label(variant) -> str:
+    block_n, stages, overlap = variant
+    return f"n{block_n} s{stages} {'overlap' if overlap else 'serial'}"
+
+
+def compile_only(head_dims) -> None:
     """Compile each variant for sm90 without a GPU and report what ptxas and the SASS say."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from fa2gen.generator.ahead import assemble, nvidia_tool, spill_bytes
 
-    for block_n, stages, overlap in VARIANTS:
-        descs = {}
-        for name, rows in (("desc_q", BLOCK_M), ("desc_k", block_n), ("desc_v", block_n), ("desc_o", BLOCK_M)):
-            layout = _layout([rows, head_dim], gl.float16)
-            descs[name] = f"tensordesc<fp16[{rows},{head_dim}],{layout!r}>"
-        signature = {**descs, "lse_ptr": "*fp32", "N": "i32", "qk_scale": "fp32", "BLOCK_M": "constexpr",
-                     "BLOCK_N": "constexpr", "HEAD_DIM": "constexpr", "STAGES": "constexpr", "OVERLAP": "constexpr",
-                     "num_warps": "constexpr"}
-        constexprs = {("BLOCK_M",): BLOCK_M, ("BLOCK_N",): block_n, ("HEAD_DIM",): head_dim, ("STAGES",): stages,
-                      ("OVERLAP",): overlap, ("num_warps",): NUM_WARPS}
-        constexprs = {(list(signature).index(k[0]),): v for k, v in constexprs.items()}
-        source = GluonASTSource(gluon_attn_fwd, signature, constexprs)
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            report = assemble(kernel, "sm90", cubin.name, name="gluon_attn_fwd")
-            sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
-                                  text=True).stdout
-        regs = re.search(r"Used (\d+) registers", report)
-        print(f"D={head_dim} BLOCK_N={block_n} STAGES={stages} OVERLAP={overlap}: {regs.group(1) if regs else '?'} "
-              f"registers, {spill_bytes(report)} B spilled, {kernel.metadata.shared} B shared, "
-              f"{sass.count('HGMMA')} HGMMA in the SASS")
+    for head_dim in head_dims:
+        for variant in VARIANTS:
+            for causal in (False, True):
+                block_n, stages, overlap = variant
+                descs = {}
+                for name, rows in (("desc_q", BLOCK_M), ("desc_k", block_n), ("desc_v", block_n), ("desc_o", BLOCK_M)):
+                    descs[name] = f"tensordesc<fp16[{rows},{head_dim}],{_layout([rows, head_dim], gl.float16)!r}>"
+                signature = {**descs, "lse_ptr": "*fp32", "N": "i32", "qk_scale": "fp32"}
+                values = dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, OVERLAP=overlap,
+                              CAUSAL=causal, num_warps=NUM_WARPS)
+                signature.update({name: "constexpr" for name in values})
+                names = list(signature)
+                constexprs = {(names.index(name),): value for name, value in values.items()}
+                kernel = triton.compile(GluonASTSource(gluon_attn_fwd, signature, constexprs),
+                                        target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                    report = assemble(kernel, "sm90", cubin.name, name="gluon_attn_fwd")
+                    sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                                          text=True).stdout
+                regs = re.search(r"Used (\d+) registers", report)
+                print(f"D={head_dim} {label(variant):18s} {'causal' if causal else 'full  '}: "
+                      f"{regs.group(1) if regs else '?'} registers, {spill_bytes(report)} B spilled, "
+                      f"{kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS", flush=True)
+
+
+def cells(args):
+    from fa2gen.bench.grid import canonical_grid
+
+    return canonical_grid(dtypes=args.dtypes.split(","), head_dims=[int(x) for x in args.head_dims.split(",")],
+                          seqlens=[int(x) for x in args.seqlens.split(",")])
+
+
+def time_variant(args) -> None:
+    """One variant over the cells, one JSON line per cell (run in its own process, so that a
+    variant that hangs costs only its own time box)."""
+    from fa2gen.bench.correctness import check_forward
+    from fa2gen.bench.grid import make_inputs
+    from fa2gen.bench.timing import measure
+    from fa2gen.runtime.problem import make_problem
+
+    variant = VARIANTS[args.variant]
+    for case in cells(args):
+        row = {"case": case.label(), "variant": label(variant)}
+        try:
+            q, k, v = make_inputs(case, torch.device("cuda"))
+            problem = make_problem(q, k, v, causal=case.causal)
+            out, lse = run(q, k, v, *variant, case.causal, out=torch.full_like(q, float("nan")))
+            verdict = check_forward(q, k, v, problem, out, lse)
+            row["check"] = str(verdict)
+            if verdict.ok:
+                row["tflops"] = case.flops() / measure(lambda: run(q, k, v, *variant, case.causal)).median_ms / 1e9
+        except Exception as e:  # a variant that fails to compile or launch is a result here
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        print("ROW " + json.dumps(row), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--dtypes", default="fp16,bf16")
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dims", default="128")
+    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--variant", type=int, help="time this variant only (the per-variant worker)")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds each variant's worker may take")
+    ap.add_argument("--out")
     args = ap.parse_args()
     if args.compile_only:
-        compile_only(args.head_dim)
+        compile_only([int(x) for x in args.head_dims.split(",")])
+        return
+    if args.variant is not None:
+        time_variant(args)
         return
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
     import fa2gen
-    from fa2gen.bench.correctness import check_forward
-    from fa2gen.bench.grid import Case, make_inputs
+    from fa2gen.bench.grid import make_inputs
     from fa2gen.bench.timing import measure
-    from fa2gen.runtime.problem import make_problem
 
-    d = args.head_dim
-    print(f"{'case':40s} {'variant':22s} {'TFLOP/s':>8s} {'x fa2gen':>9s} {'x cuDNN':>8s}  check")
-    for dtype in args.dtypes.split(","):
-        for n in map(int, args.seqlens.split(",")):
-            case = Case(max(1, 16384 // n), 2048 // d, n, d, False, dtype)
-            q, k, v = make_inputs(case, torch.device("cuda"))
-            problem = make_problem(q, k, v)
-            flops = case.flops()
-            ours = flops / measure(lambda: fa2gen.attention(q, k, v)).median_ms / 1e9
-            def cudnn_fn():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return scaled_dot_product_attention(q, k, v)
+    base = {}
+    for case in cells(args):
+        q, k, v = make_inputs(case, torch.device("cuda"))
 
-            cudnn = flops / measure(cudnn_fn).median_ms / 1e9
-            print(f"{case.label():40s} {'fa2gen (shipped)':22s} {ours:8.1f} {1.0:9.2f} {ours / cudnn:8.2f}", flush=True)
-            for block_n, stages, overlap in VARIANTS:
-                label = f"n{block_n} s{stages} {'overlap' if overlap else 'serial'}"
-                try:
-                    poisoned = torch.full_like(q, float("nan"))
-                    out, lse = run(q, k, v, block_n, stages, overlap, out=poisoned)
-                    verdict = check_forward(q, k, v, problem, out, lse)
-                    t = flops / measure(lambda: run(q, k, v, block_n, stages, overlap)).median_ms / 1e9
-                    print(f"{case.label():40s} {label:22s} {t:8.1f} {t / ours:9.2f} {t / cudnn:8.2f}  {verdict}",
-                          flush=True)
-                except Exception as e:  # a variant that fails to compile or launch is a result here
-                    print(f"{case.label():40s} {label:22s} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+
+        base[case.label()] = {
+            "fa2gen": case.flops() / measure(lambda: fa2gen.attention(q, k, v, causal=case.causal)).median_ms / 1e9,
+            "cudnn": case.flops() / measure(cudnn).median_ms / 1e9}
+    rows = []
+    worker = [sys.executable, __file__, "--dtypes", args.dtypes, "--head-dims", args.head_dims, "--seqlens",
+              args.seqlens]
+    for i, variant in enumerate(VARIANTS):
+        try:
+            done = subprocess.run(worker + ["--variant", str(i)], capture_output=True, text=True, timeout=args.timeout)
+            got = [json.loads(x[4:]) for x in done.stdout.splitlines() if x.startswith("ROW ")]
+            if done.returncode:
+                got.append({"variant": label(variant), "error": f"exit {done.returncode}: {done.stderr[-300:]}"})
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            got = [json.loads(x[4:]) for x in out.splitlines() if x.startswith("ROW ")]
+            got.append({"variant": label(variant), "error": f"timed out after {args.timeout} s"})
+        rows += got
+    print(f"{'case':40s} {'variant':18s} {'TFLOP/s':>8s} {'x fa2gen':>9s} {'x cuDNN':>8s}  check")
+    for name, b in base.items():
+        print(f"{name:40s} {'fa2gen (shipped)':18s} {b['fa2gen']:8.1f} {1:9.2f} {b['fa2gen'] / b['cudnn']:8.2f}")
+    for r in rows:
+        b = base.get(r.get("case"))
+        if "tflops" in r and b:
+            print(f"{r['case']:40s} {r['variant']:18s} {r['tflops']:8.1f} {r['tflops'] / b['fa2gen']:9.2f} "
+                  f"{r['tflops'] / b['cudnn']:8.2f}  {r['check']}")
+        else:
+            print(f"{r.get('case', '-'):40s} {r['variant']:18s} {r.get('error') or r.get('check')}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"baselines": base, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
