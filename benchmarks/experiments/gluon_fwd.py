@@ -8,7 +8,7 @@ while P·V is still on the tensor cores; only the rescale of the accumulator wai
 Without OVERLAP the same kernel waits for every matmul at once, as plain Triton does.
 
 K and V stream through a ring of STAGES shared-memory slots filled by the TMA, each with its
-own mbarrier. Two warp groups (8 warps) share one 128-row query tile, 64 rows each. Causal
+own mbarrier. A 128-row query tile runs two warp groups (64 rows each), a 64-row tile one. Causal
 tiles run longest first, and only the key blocks that cross the diagonal are masked. Scope:
 Nq = Nk = N a multiple of 128 and of BLOCK_N, contiguous (B, H, N, D) fp16/bf16 inputs, no
 GQA: what the canonical grid needs to tell whether this pays.
@@ -47,8 +47,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
-# (BLOCK_N, STAGES, OVERLAP)
-VARIANTS = [(128, 2, True), (128, 3, True), (64, 3, True), (128, 2, False)]
+# (BLOCK_M, BLOCK_N, STAGES, OVERLAP); 16 query rows per warp, so BLOCK_M // 16 warps: 128-row
+# tiles run two warp groups in one program, 64-row tiles one, with two programs per SM where
+# registers and shared memory allow.
+VARIANTS = [(128, 128, 2, True), (128, 128, 3, True), (128, 64, 3, True), (64, 128, 2, True), (64, 64, 3, True),
+            (128, 128, 2, False)]
 
 
 @gluon.jit
@@ -201,34 +204,30 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
     tma.store_wait(pendings=0)
 
 
-BLOCK_M = 128
-NUM_WARPS = 8
-
-
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def run(q, k, v, block_n: int, stages: int, overlap: bool, causal: bool, out=None):
+def run(q, k, v, block_m: int, block_n: int, stages: int, overlap: bool, causal: bool, out=None):
     """(out, lse) of attention over contiguous (B, H, N, D) q, k, v, causal or not."""
     b, h, n, d = q.shape
-    if n % BLOCK_M or n % block_n:
-        raise ValueError(f"N={n} must be a multiple of {BLOCK_M} and of BLOCK_N={block_n}")
+    if n % block_m or n % block_n:
+        raise ValueError(f"N={n} must be a multiple of BLOCK_M={block_m} and of BLOCK_N={block_n}")
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
     flat = [t.view(b * h * n, d) for t in (q, k, v, out)]
     dq, dk, dv, do = (TensorDescriptor.from_tensor(t, blk, _layout(blk, gdt))
-                      for t, blk in zip(flat, ([BLOCK_M, d], [block_n, d], [block_n, d], [BLOCK_M, d])))
-    grid = (n // BLOCK_M, b * h)
-    gluon_attn_fwd[grid](dq, dk, dv, do, lse, n, LOG2E / math.sqrt(d), BLOCK_M, block_n, d, stages, overlap, causal,
-                         num_warps=NUM_WARPS)
+                      for t, blk in zip(flat, ([block_m, d], [block_n, d], [block_n, d], [block_m, d])))
+    grid = (n // block_m, b * h)
+    gluon_attn_fwd[grid](dq, dk, dv, do, lse, n, LOG2E / math.sqrt(d), block_m, block_n, d, stages, overlap, causal,
+                         num_warps=block_m // 16)
     return out, lse
 
 
 def label(variant) -> str:
-    block_n, stages, overlap = variant
-    return f"n{block_n} s{stages} {'overlap' if overlap else 'serial'}"
+    block_m, block_n, stages, overlap = variant
+    return f"m{block_m} n{block_n} s{stages} {'overlap' if overlap else 'serial'}"
 
 
 def compile_only(head_dims) -> None:
@@ -241,24 +240,24 @@ def compile_only(head_dims) -> None:
     for head_dim in head_dims:
         for variant in VARIANTS:
             for causal in (False, True):
-                block_n, stages, overlap = variant
+                block_m, block_n, stages, overlap = variant
                 descs = {}
-                for name, rows in (("desc_q", BLOCK_M), ("desc_k", block_n), ("desc_v", block_n), ("desc_o", BLOCK_M)):
+                for name, rows in (("desc_q", block_m), ("desc_k", block_n), ("desc_v", block_n), ("desc_o", block_m)):
                     descs[name] = f"tensordesc<fp16[{rows},{head_dim}],{_layout([rows, head_dim], gl.float16)!r}>"
                 signature = {**descs, "lse_ptr": "*fp32", "N": "i32", "qk_scale": "fp32"}
-                values = dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, OVERLAP=overlap,
-                              CAUSAL=causal, num_warps=NUM_WARPS)
+                values = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, OVERLAP=overlap,
+                              CAUSAL=causal, num_warps=block_m // 16)
                 signature.update({name: "constexpr" for name in values})
                 names = list(signature)
                 constexprs = {(names.index(name),): value for name, value in values.items()}
                 kernel = triton.compile(GluonASTSource(gluon_attn_fwd, signature, constexprs),
-                                        target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+                                        target=GPUTarget("cuda", 90, 32), options={"num_warps": block_m // 16})
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
                     report = assemble(kernel, "sm90", cubin.name, name="gluon_attn_fwd")
                     sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
                                           text=True).stdout
                 regs = re.search(r"Used (\d+) registers", report)
-                print(f"D={head_dim} {label(variant):18s} {'causal' if causal else 'full  '}: "
+                print(f"D={head_dim} {label(variant):23s} {'causal' if causal else 'full  '}: "
                       f"{regs.group(1) if regs else '?'} registers, {spill_bytes(report)} B spilled, "
                       f"{kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS", flush=True)
 
@@ -343,16 +342,16 @@ def main() -> None:
             got = [json.loads(x[4:]) for x in out.splitlines() if x.startswith("ROW ")]
             got.append({"variant": label(variant), "error": f"timed out after {args.timeout} s"})
         rows += got
-    print(f"{'case':40s} {'variant':18s} {'TFLOP/s':>8s} {'x fa2gen':>9s} {'x cuDNN':>8s}  check")
+    print(f"{'case':40s} {'variant':23s} {'TFLOP/s':>8s} {'x fa2gen':>9s} {'x cuDNN':>8s}  check")
     for name, b in base.items():
-        print(f"{name:40s} {'fa2gen (shipped)':18s} {b['fa2gen']:8.1f} {1:9.2f} {b['fa2gen'] / b['cudnn']:8.2f}")
+        print(f"{name:40s} {'fa2gen (shipped)':23s} {b['fa2gen']:8.1f} {1:9.2f} {b['fa2gen'] / b['cudnn']:8.2f}")
     for r in rows:
         b = base.get(r.get("case"))
         if "tflops" in r and b:
-            print(f"{r['case']:40s} {r['variant']:18s} {r['tflops']:8.1f} {r['tflops'] / b['fa2gen']:9.2f} "
+            print(f"{r['case']:40s} {r['variant']:23s} {r['tflops']:8.1f} {r['tflops'] / b['fa2gen']:9.2f} "
                   f"{r['tflops'] / b['cudnn']:8.2f}  {r['check']}")
         else:
-            print(f"{r.get('case', '-'):40s} {r['variant']:18s} {r.get('error') or r.get('check')}")
+            print(f"{r.get('case', '-'):40s} {r['variant']:23s} {r.get('error') or r.get('check')}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"baselines": base, "rows": rows}, f, indent=1)
