@@ -5,7 +5,9 @@ Plain Triton waits for each score matmul before its softmax, so tensor cores and
 take turns (perf-notes, "Profile: the forward against cuDNN's"). Here, with OVERLAP, block j's
 scores Q·K_jᵀ and block j-1's P·V run asynchronously (wgmma), and the softmax of block j runs
 while P·V is still on the tensor cores; only the rescale of the accumulator waits for it.
-Without OVERLAP the same kernel waits for every matmul at once, as plain Triton does.
+Without OVERLAP the same kernel waits for every matmul at once, as plain Triton does. The
+warp-specialised form adds a loader warp (24 registers) that fills the ring, so that the
+compute warps (240 registers) never stop to issue loads: FlashAttention-3's split.
 
 K and V stream through a ring of STAGES shared-memory slots filled by the TMA, each with its
 own mbarrier. A 128-row query tile runs two warp groups (64 rows each), a 64-row tile one. Causal
@@ -47,11 +49,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
-# (BLOCK_M, BLOCK_N, STAGES, OVERLAP); 16 query rows per warp, so BLOCK_M // 16 warps: 128-row
-# tiles run two warp groups in one program, 64-row tiles one, with two programs per SM where
-# registers and shared memory allow.
-VARIANTS = [(128, 128, 2, True), (128, 128, 3, True), (128, 64, 3, True), (64, 128, 2, True), (64, 64, 3, True),
-            (128, 128, 2, False)]
+# (BLOCK_M, BLOCK_N, STAGES, mode); 16 query rows per warp, so BLOCK_M // 16 compute warps:
+# 128-row tiles run two warp groups in one program, 64-row tiles one, with two programs per SM
+# where registers and shared memory allow. mode: "overlap" (softmax under P·V), "serial" (every
+# matmul waited for at once), "ws" (overlap, plus a loader warp of its own).
+VARIANTS = [(128, 128, 2, "overlap"), (128, 128, 3, "overlap"), (128, 64, 3, "overlap"), (64, 128, 2, "overlap"),
+            (64, 64, 3, "overlap"), (128, 128, 2, "serial"), (128, 128, 2, "ws"), (128, 64, 3, "ws"),
+            (64, 64, 3, "ws")]
+# The loader warp's registers, and the register limit per thread the warp-specialised kernels
+# launch with, by BLOCK_M: the compute warps get what the loader leaves (240 for 128-row tiles,
+# one program per SM; 232 for 64-row tiles, two per SM).
+LOADER_REGS = gl.constexpr(24)
+WS_MAXNREG = {128: 168, 64: 128}
 
 
 @gluon.jit
@@ -64,6 +73,22 @@ def _refill(desc, bars, smem, index, row0, n_blocks, BLOCK_N: gl.constexpr, STAG
 
 
 @gluon.jit
+def _tile(N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """This program's query tile, its batch * head, its key blocks and the first masked one."""
+    if CAUSAL:  # the longest query tiles first
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
+    if CAUSAL:  # key blocks up to the diagonal; those that cross it get the mask
+        n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N
+        first_masked = (pid_m * BLOCK_M) // BLOCK_N
+    else:
+        n_blocks = N // BLOCK_N
+        first_masked = n_blocks
+    return pid_m, gl.program_id(1), n_blocks, first_masked
+
+
+@gluon.jit
 def _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N: gl.constexpr):
     # Only the blocks that cross the diagonal pay for the comparison.
     if j >= first_masked:
@@ -72,23 +97,37 @@ def _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale):
+    """Online softmax over one block of scores: P (unnormalised), the new row max and sum,
+    and the factor that rescales what was accumulated before."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, desc_o, o_smem, lse_ptr, q_row, lse_row, row_o: gl.constexpr, row_s: gl.constexpr):
+    # o_smem: Q's buffer, free once the last score matmul is done; reusing it keeps shared
+    # memory low enough for two 64-row programs per SM.
+    BLOCK_M: gl.constexpr = desc_o.block_type.shape[0]
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    o_smem.store(out.to(desc_o.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_o, [q_row, 0], o_smem)
+    # The log-sum-exp in natural log, per query row.
+    gl.store(lse_ptr + lse_row + gl.arange(0, BLOCK_M, layout=row_s), (m_i + gl.log2(l_i)) / 1.4426950408889634)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                    STAGES: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
-    if CAUSAL:  # the longest query tiles first
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        pid_m = gl.program_id(0)
-    bh = gl.program_id(1)
+    pid_m, bh, n_blocks, first_masked = _tile(N, BLOCK_M, BLOCK_N, CAUSAL)
     q_row = bh * N + pid_m * BLOCK_M
     kv_row = bh * N
-    if CAUSAL:  # key blocks up to the diagonal; those that cross it get the mask
-        n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N
-        first_masked = (pid_m * BLOCK_M) // BLOCK_N
-    else:
-        n_blocks = N // BLOCK_N
-        first_masked = n_blocks
 
     # Scores and output in wgmma accumulator layouts, 16 rows per warp; P feeds the second
     # matmul from registers.
@@ -134,9 +173,7 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
         s = warpgroup_mma_wait(0, deps=(s,))
         if CAUSAL:
             s = _causal_mask(s, 0, first_masked, q_idx, k_off, BLOCK_N)
-        m_i = gl.max(s, 1) * qk_scale
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_i, 1))
-        l_i = gl.sum(p, 1)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
         # K_0's slot is free once both warp groups have their scores.
         gl.thread_barrier()
         _refill(desc_k, k_bars, k_smem, STAGES, kv_row, n_blocks, BLOCK_N, STAGES)
@@ -151,11 +188,7 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
             s = warpgroup_mma_wait(1, deps=(s,))
             if CAUSAL:
                 s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             # Both warp groups are past K_j and V_{j-1} before their slots are refilled.
@@ -175,11 +208,7 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
             s = warpgroup_mma_wait(0, deps=(s,))
             if CAUSAL:
                 s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             mbarrier.wait(v_bars.index(slot), phase)
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(slot), acc, is_async=True)
@@ -192,23 +221,120 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
+    _epilogue(acc, m_i, l_i, desc_o, q_smem, lse_ptr, q_row, bh * N + pid_m * BLOCK_M, row_o, row_s)
 
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-    o_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], desc_o.layout)
-    o_smem.store(out.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(desc_o, [q_row, 0], o_smem)
-    # The log-sum-exp in natural log, per query row.
-    rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
-    gl.store(lse_ptr + bh * N + rows, (m_i + gl.log2(l_i)) / 1.4426950408889634)
-    tma.store_wait(pendings=0)
+
+# The warp-specialised form: one loader warp fills the ring through the TMA, with few
+# registers; the compute warps wait on "ready" barriers and hand slots back on "empty" ones,
+# so that they never stop to issue loads or to synchronise with each other for a refill.
+
+
+@gluon.jit
+def _ws_loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N,
+               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    pid_m, bh, n_blocks, first_masked = _tile(N, BLOCK_M, BLOCK_N, CAUSAL)
+    kv_row = bh * N
+    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_q, [bh * N + pid_m * BLOCK_M, 0], q_bar, q_smem)
+    for i in range(n_blocks):
+        slot = i % STAGES
+        # An mbarrier starts with its phase of parity 1 complete: the first round of slots
+        # is free without waiting.
+        phase = ((i // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(slot), phase)
+        mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [kv_row + i * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase)
+        mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [kv_row + i * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N, qk_scale,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = desc_o.dtype
+    pid_m, bh, n_blocks, first_masked = _tile(N, BLOCK_M, BLOCK_N, CAUSAL)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    q_idx = gl.expand_dims(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s), 1)
+    k_off = gl.expand_dims(gl.arange(0, BLOCK_N, layout=col_s), 0)
+
+    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, row_s)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    gl.thread_barrier()  # every compute warp is done with K_0
+    mbarrier.arrive(k_empty.index(0), count=1)
+    if CAUSAL:
+        s = _causal_mask(s, 0, first_masked, q_idx, k_off, BLOCK_N)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    for j in range(1, n_blocks):
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        if CAUSAL:
+            s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        gl.thread_barrier()  # every compute warp is done with K_j and V_{j-1}
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    _epilogue(acc, m_i, l_i, desc_o, q_smem, lse_ptr, bh * N + pid_m * BLOCK_M, bh * N + pid_m * BLOCK_M, row_o,
+              row_s)
+
+
+@gluon.jit
+def gluon_attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = desc_q.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
+    gl.warp_specialize([
+        (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N,
+                       qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, num_warps)),
+        (_ws_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N,
+                      BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [1], [LOADER_REGS])
 
 
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def run(q, k, v, block_m: int, block_n: int, stages: int, overlap: bool, causal: bool, out=None):
+def run(q, k, v, block_m: int, block_n: int, stages: int, mode: str, causal: bool, out=None):
     """(out, lse) of attention over contiguous (B, H, N, D) q, k, v, causal or not."""
     b, h, n, d = q.shape
     if n % block_m or n % block_n:
@@ -220,14 +346,17 @@ def run(q, k, v, block_m: int, block_n: int, stages: int, overlap: bool, causal:
     dq, dk, dv, do = (TensorDescriptor.from_tensor(t, blk, _layout(blk, gdt))
                       for t, blk in zip(flat, ([block_m, d], [block_n, d], [block_n, d], [block_m, d])))
     grid = (n // block_m, b * h)
-    gluon_attn_fwd[grid](dq, dk, dv, do, lse, n, LOG2E / math.sqrt(d), block_m, block_n, d, stages, overlap, causal,
-                         num_warps=block_m // 16)
+    args = (dq, dk, dv, do, lse, n, LOG2E / math.sqrt(d), block_m, block_n, d, stages)
+    if mode == "ws":
+        gluon_attn_fwd_ws[grid](*args, causal, num_warps=block_m // 16, maxnreg=WS_MAXNREG[block_m])
+    else:
+        gluon_attn_fwd[grid](*args, mode == "overlap", causal, num_warps=block_m // 16)
     return out, lse
 
 
 def label(variant) -> str:
-    block_m, block_n, stages, overlap = variant
-    return f"m{block_m} n{block_n} s{stages} {'overlap' if overlap else 'serial'}"
+    block_m, block_n, stages, mode = variant
+    return f"m{block_m} n{block_n} s{stages} {mode}"
 
 
 def compile_only(head_dims) -> None:
@@ -240,18 +369,25 @@ def compile_only(head_dims) -> None:
     for head_dim in head_dims:
         for variant in VARIANTS:
             for causal in (False, True):
-                block_m, block_n, stages, overlap = variant
+                block_m, block_n, stages, mode = variant
                 descs = {}
                 for name, rows in (("desc_q", block_m), ("desc_k", block_n), ("desc_v", block_n), ("desc_o", block_m)):
                     descs[name] = f"tensordesc<fp16[{rows},{head_dim}],{_layout([rows, head_dim], gl.float16)!r}>"
                 signature = {**descs, "lse_ptr": "*fp32", "N": "i32", "qk_scale": "fp32"}
-                values = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, OVERLAP=overlap,
-                              CAUSAL=causal, num_warps=block_m // 16)
+                values = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages)
+                options = {"num_warps": block_m // 16}
+                if mode == "ws":
+                    fn = gluon_attn_fwd_ws
+                    options["maxnreg"] = WS_MAXNREG[block_m]
+                else:
+                    fn = gluon_attn_fwd
+                    values["OVERLAP"] = mode == "overlap"
+                values.update(CAUSAL=causal, num_warps=block_m // 16)
                 signature.update({name: "constexpr" for name in values})
                 names = list(signature)
                 constexprs = {(names.index(name),): value for name, value in values.items()}
-                kernel = triton.compile(GluonASTSource(gluon_attn_fwd, signature, constexprs),
-                                        target=GPUTarget("cuda", 90, 32), options={"num_warps": block_m // 16})
+                kernel = triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                                        options=options)
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
                     report = assemble(kernel, "sm90", cubin.name, name="gluon_attn_fwd")
                     sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
