@@ -17,7 +17,7 @@ GQA: what the canonical grid needs to tell whether this pays.
 
 usage: python benchmarks/experiments/gluon_fwd.py --compile-only [--head-dims 64,128]
            (no GPU: compiles each variant for sm90; ptxas's registers and spills, the SASS's HGMMAs)
-       python benchmarks/experiments/gluon_fwd.py [--dtypes fp16,bf16] [--head-dims 128]
+       python benchmarks/experiments/gluon_fwd.py [--dtypes fp16] [--head-dims 64,128]
            [--seqlens 1024,4096,16384] [--timeout 120] [--out F.json]
            (times fa2gen's shipped forward and SDPA cuDNN on the canonical grid's cells, then
            each variant in its own process with a time limit: checked by flash-attention's
@@ -432,8 +432,8 @@ def time_variant(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--dtypes", default="fp16,bf16")
-    ap.add_argument("--head-dims", default="128")
+    ap.add_argument("--dtypes", default="fp16")
+    ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--variant", type=int, help="time this variant only (the per-variant worker)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds each variant's worker may take")
