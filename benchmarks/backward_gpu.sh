@@ -77,7 +77,7 @@ for step in $steps; do
         --providers fa2gen,fa2gen-bf16,sdpa-cudnn --json "$out/bench-fwd-fp8.json" --markdown "$out/bench-fwd-fp8.md"
       run fp8-paths 120 python3 benchmarks/experiments/fp8_paths.py
       run fp8-accuracy 120 python3 benchmarks/fp8_accuracy.py --out "$out/fp8-accuracy.json" ;;
-    gluon) run gluon-fwd 540 python3 benchmarks/experiments/gluon_fwd.py --dtypes "${GLUON_DTYPES:-fp16}" \
+    gluon) run gluon-fwd 600 python3 benchmarks/experiments/gluon_fwd.py --dtypes "${GLUON_DTYPES:-fp16}" \
              --out "$out/gluon-fwd.json" ;;
     bench) bench_dtypes bwd bwd ;;
     fwdbwd) bench_dtypes fwd+bwd fwdbwd ;;
