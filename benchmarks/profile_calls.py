@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--dq-mode", choices=("separate", "atomic"))
     args = ap.parse_args()
+    if args.provider == "sdpa-cudnn" and args.direction != "fwd":
+        ap.error("--provider sdpa-cudnn profiles the forward only (add --direction fwd)")
     b, h, n, d = (int(x) for x in args.shape.split(","))
     q, k, v = make_inputs(Case(b, h, n, d, args.causal, args.dtype), torch.device("cuda"))
     problem = make_problem(q, k, v, causal=args.causal)
@@ -48,9 +50,6 @@ def main() -> None:
     if args.direction == "bwd" and args.dq_mode:
         params = params.replace(dq_mode=args.dq_mode)
     dout = torch.randn_like(out)
-
-    if args.provider == "sdpa-cudnn" and args.direction != "fwd":
-        ap.error("--provider sdpa-cudnn profiles the forward only")
 
     def call():
         if args.provider == "sdpa-cudnn":

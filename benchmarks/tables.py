@@ -53,8 +53,8 @@ def tuned_section(path: Path) -> str:
     cfg = read(path)
     fwd = [e for e in cfg.entries if e.bucket.direction == "fwd"]
     square = [e for e in fwd if e.bucket.seqlen_q == e.bucket.seqlen_k and e.bucket.dtype != "fp8e4m3"]
-    fp8 = [e for e in fwd if e.bucket.dtype == "fp8e4m3"]
-    short = [e for e in fwd if e.bucket.seqlen_q != e.bucket.seqlen_k]
+    fp8 = [e for e in fwd if e.bucket.dtype == "fp8e4m3"]  # all of them, square or not
+    short = [e for e in fwd if e.bucket.seqlen_q != e.bucket.seqlen_k and e.bucket.dtype != "fp8e4m3"]
     bwd = [e for e in cfg.entries if e.bucket.direction == "bwd"]
     lines = [f"`{path.relative_to(Path.cwd())}`: {len(cfg.entries)} buckets, device {cfg.meta['device']}, "
              f"triton {cfg.meta['triton']}, torch {cfg.meta['torch']}, {cfg.meta['date'][:10]}. "
@@ -68,7 +68,7 @@ def tuned_section(path: Path) -> str:
             lines.append(f"- The {direction} entries were tuned against an earlier {direction} template (hash {digest}): "
                          "the run-time lookup skips them until that direction is tuned again.")
     for name, group in (("forward fp16/bf16, canonical square buckets (N = 512 ... 16k)", square),
-                        ("forward fp8 (e4m3), canonical square buckets (N = 512 ... 16k)", fp8),
+                        ("forward fp8 (e4m3) buckets", fp8),
                         ("forward, short-query buckets (Nq = 1 ... 256, Nk = 8192)", short),
                         ("backward, canonical square buckets (N = 512 ... 16k)", bwd)):
         ups = [e.speedup for e in group if e.speedup]

@@ -43,11 +43,17 @@ def main() -> None:
                     row = {"case": case.label(), "params": base.label(), "tflops": {}}
                     for p in PERSISTENT:
                         params = dataclasses.replace(base, persistent=p)
-                        launch = Launch(problem, params)
-                        out = torch.full(q.shape, float("nan"), device="cuda",
-                                         dtype=torch.bfloat16 if problem.kernel_spec().fp8 else q.dtype)
-                        out, lse = forward(q, k, v, problem, params, out=out, launch=launch)
-                        verdict = check_forward(q, k, v, problem, out, lse)
+                        try:
+                            launch = Launch(problem, params)
+                            out = torch.full(q.shape, float("nan"), device="cuda",
+                                             dtype=torch.bfloat16 if problem.kernel_spec().fp8 else q.dtype)
+                            out, lse = forward(q, k, v, problem, params, out=out, launch=launch)
+                            verdict = check_forward(q, k, v, problem, out, lse)
+                        except Exception as e:  # a variant that fails to compile or launch is a result here
+                            row["tflops"][p] = None
+                            print(f"{case.label()} persistent{p}: failed: {type(e).__name__}: {str(e)[:100]}",
+                                  flush=True)
+                            continue
                         if not verdict.ok:
                             row["tflops"][p] = None
                             print(f"{case.label()} persistent{p}: WRONG {verdict}", flush=True)
@@ -55,13 +61,13 @@ def main() -> None:
                         ms = measure(lambda: forward(q, k, v, problem, params, launch=launch)).median_ms
                         row["tflops"][p] = case.flops() / ms / 1e9
                     rows.append(row)
+                    if args.out:  # after each cell, so that a run cut short keeps what it measured
+                        with open(args.out, "w") as f:
+                            json.dump(rows, f, indent=1)
                     t = row["tflops"]
                     ratios = "  ".join(f"p{p}/p0 {t[p] / t[0]:.3f}" if t.get(p) and t.get(0) else f"p{p} -"
                                        for p in PERSISTENT[1:])
                     print(f"{case.label():42s} {row['params']:28s} p0 {t.get(0) or 0:6.1f}  {ratios}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
     for causal in ("full", "causal"):
         for p in PERSISTENT[1:]:
             rs = [r["tflops"][p] / r["tflops"][0] for r in rows
