@@ -35,7 +35,7 @@ _SM90_SHORT_CAUSAL = [
     (128, 2048, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host")),
 ]
 
-# fp8 (e4m3) at 64 < D <= 128 (benchmarks/results/fp8-paths-h200.txt, B*N = 16k, D=128, N=4k and
+# fp8 (e4m3) at 64 < D <= 128 (benchmarks/results/fp8-paths-torchcopy-h200.txt, B*N = 16k, D=128, N=4k and
 # 16k): 128 x 64 with 4 warps and 3 stages ran 712 and 734 TFLOP/s, against 680 and 730 at 2
 # stages, 643 and 688 for 128 x 128 w8 s3. Other head dims take the fp16 table until measured.
 _SM90_FP8 = [
