@@ -2,15 +2,16 @@
 
 Warms up (compiles, tunes nothing), then makes --calls calls of the forward or the backward,
 with the config attention() dispatches (or --dq-mode for the backward), or of SDPA's cuDNN
-forward (--provider sdpa-cudnn) for a side-by-side profile. The calls after the warm-up run
+forward (--provider sdpa-cudnn) or a Gluon forward variant of
+benchmarks/experiments/gluon_fwd.py (--provider gluon --variant I) for a side-by-side profile. The calls after the warm-up run
 inside the NVTX range "profile", so that ncu can skip everything else. Example:
 
   ncu --clock-control none --nvtx --nvtx-include "profile/" --kernel-name regex:attn_bwd --launch-count 3 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy \
       python benchmarks/profile_calls.py --direction bwd --shape 2,16,8192,128 --causal
 
-usage: python benchmarks/profile_calls.py [--direction fwd|bwd] [--provider fa2gen|sdpa-cudnn] [--shape B,H,N,D]
-       [--dtype fp16|bf16] [--causal] [--calls N] [--dq-mode separate|atomic]
+usage: python benchmarks/profile_calls.py [--direction fwd|bwd] [--provider fa2gen|sdpa-cudnn|gluon] [--variant I]
+       [--shape B,H,N,D] [--dtype fp16|bf16] [--causal] [--calls N] [--dq-mode separate|atomic]
 """
 
 from __future__ import annotations
@@ -29,18 +30,31 @@ from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
 
 
+def _gluon_experiment():
+    """benchmarks/experiments/gluon_fwd.py as a module (the experiments folder is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "experiments" / "gluon_fwd.py"
+    spec = importlib.util.spec_from_file_location("gluon_fwd", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--direction", choices=("fwd", "bwd"), default="bwd")
-    ap.add_argument("--provider", choices=("fa2gen", "sdpa-cudnn"), default="fa2gen")
+    ap.add_argument("--provider", choices=("fa2gen", "sdpa-cudnn", "gluon"), default="fa2gen")
+    ap.add_argument("--variant", type=int, default=0, help="with --provider gluon: index into gluon_fwd.VARIANTS")
     ap.add_argument("--shape", default="2,16,8192,128", help="B,H,N,D")
     ap.add_argument("--dtype", choices=("fp16", "bf16"), default="bf16")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--dq-mode", choices=("separate", "atomic"))
     args = ap.parse_args()
-    if args.provider == "sdpa-cudnn" and args.direction != "fwd":
-        ap.error("--provider sdpa-cudnn profiles the forward only (add --direction fwd)")
+    if args.provider != "fa2gen" and args.direction != "fwd":
+        ap.error(f"--provider {args.provider} profiles the forward only (add --direction fwd)")
     b, h, n, d = (int(x) for x in args.shape.split(","))
     q, k, v = make_inputs(Case(b, h, n, d, args.causal, args.dtype), torch.device("cuda"))
     problem = make_problem(q, k, v, causal=args.causal)
@@ -50,9 +64,15 @@ def main() -> None:
     if args.direction == "bwd" and args.dq_mode:
         params = params.replace(dq_mode=args.dq_mode)
     dout = torch.randn_like(out)
+    if args.provider == "gluon":
+        gluon_fwd = _gluon_experiment()
+        variant = gluon_fwd.VARIANTS[args.variant]
+        gluon_launch = gluon_fwd.launcher(q, k, v, *variant, args.causal)[0]
 
     def call():
-        if args.provider == "sdpa-cudnn":
+        if args.provider == "gluon":
+            gluon_launch()
+        elif args.provider == "sdpa-cudnn":
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 scaled_dot_product_attention(q, k, v, is_causal=args.causal)
         elif args.direction == "fwd":
@@ -68,7 +88,8 @@ def main() -> None:
         call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
-    what = "SDPA cuDNN" if args.provider == "sdpa-cudnn" else params.label()
+    what = {"sdpa-cudnn": "SDPA cuDNN", "fa2gen": params.label()}.get(args.provider)
+    what = what or f"Gluon {gluon_fwd.label(variant)}"
     print(f"{args.direction} {args.shape} {args.dtype} causal={args.causal}: {what}")
 
 
