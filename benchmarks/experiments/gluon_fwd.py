@@ -6,22 +6,25 @@ take turns (perf-notes, "Profile: the forward against cuDNN's"). Here, with OVER
 scores Q·K_jᵀ and block j-1's P·V run asynchronously (wgmma), and the softmax of block j runs
 while P·V is still on the tensor cores; only the rescale of the accumulator waits for it.
 Without OVERLAP the same kernel waits for every matmul at once, as plain Triton does. The
-warp-specialised form adds a loader warp (24 registers) that fills the ring, so that the
+warp-specialised forms add a loader warp (24 registers) that fills the ring, so that the
 compute warps (240 registers) never stop to issue loads: FlashAttention-3's split.
 
 K and V stream through a ring of STAGES shared-memory slots filled by the TMA, each with its
-own mbarrier. A 128-row query tile runs two warp groups (64 rows each), a 64-row tile one. Causal
-tiles run longest first, and only the key blocks that cross the diagonal are masked. Scope:
-Nq = Nk = N a multiple of 128 and of BLOCK_N, contiguous (B, H, N, D) fp16/bf16 inputs, no
-GQA: what the canonical grid needs to tell whether this pays.
+own mbarrier. A 128-row query tile runs two warp groups (64 rows each), a 64-row tile one.
+Inputs are (B, H, N, D) with any 16-byte aligned strides, fp16 or bf16, read through 4-D
+tensor descriptors; GQA; any Nq and Nk (keys past Nk masked, rows past Nq clipped); causal
+bottom-right aligned, longest query tiles first, and only the blocks past Nk or across the
+diagonal pay for a mask; rows that see no key return 0 with an LSE of -inf.
 
 usage: python benchmarks/experiments/gluon_fwd.py --compile-only [--head-dims 64,128]
            (no GPU: compiles each variant for sm90; ptxas's registers and spills, the SASS's HGMMAs)
        python benchmarks/experiments/gluon_fwd.py [--dtypes fp16] [--head-dims 64,128]
            [--seqlens 1024,4096,16384] [--timeout 45] [--out F.json]
            (times fa2gen's shipped forward and SDPA cuDNN on the canonical grid's cells, then
-           each variant in its own process, stopped if a cell takes over --timeout s: checked by flash-attention's
-           rule on NaN-poisoned outputs, then timed)
+           each variant in its own process, stopped if a cell takes over --timeout s: checked by
+           flash-attention's rule on NaN-poisoned outputs, then timed)
+       python benchmarks/experiments/gluon_fwd.py --odd [--dtypes fp16,bf16]
+           (each variant checked on ODD_SHAPES: GQA, Nq != Nk, odd N, empty rows, strides)
 """
 
 from __future__ import annotations
@@ -69,70 +72,88 @@ WS_MAXNREG = {128: 168, 64: 128}
 
 
 @gluon.jit
-def _refill(desc, bars, smem, index, row0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    # Load block `index` into its ring slot, if there is such a block.
+def _heads(HQ, GROUP):
+    """This program's batch, query head and k/v head (GQA: GROUP query heads per k/v head)."""
+    bh = gl.program_id(1)
+    return bh // HQ, bh % HQ, (bh % HQ) // GROUP
+
+
+@gluon.jit
+def _refill(desc, bars, smem, index, b, kvh, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    # Load key block `index` into its ring slot, if there is such a block.
     if index < n_blocks:
         slot = index % STAGES
         mbarrier.expect(bars.index(slot), desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, [row0 + index * BLOCK_N, 0], bars.index(slot), smem.index(slot))
+        tma.async_copy_global_to_shared(desc, [b, kvh, index * BLOCK_N, 0], bars.index(slot), smem.index(slot))
 
 
 @gluon.jit
-def _tile(N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """This program's query tile, its batch * head, its key blocks and the first masked one."""
+def _tile(Nq, Nk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """This program's query tile, its number of key blocks and the first block that needs a
+    mask (keys past Nk, or past the diagonal). Causal is bottom-right aligned: query i sees
+    keys j <= i + Nk - Nq. A tile whose rows see no key still walks one (masked) block."""
     if CAUSAL:  # the longest query tiles first
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        last_key = gl.minimum((pid_m + 1) * BLOCK_M + Nk - Nq, Nk)
+        n_blocks = gl.maximum((last_key + BLOCK_N - 1) // BLOCK_N, 1)
+        first_masked = gl.minimum(gl.maximum(pid_m * BLOCK_M + Nk - Nq + 1, 0) // BLOCK_N, Nk // BLOCK_N)
     else:
         pid_m = gl.program_id(0)
-    if CAUSAL:  # key blocks up to the diagonal; those that cross it get the mask
-        n_blocks = ((pid_m + 1) * BLOCK_M + BLOCK_N - 1) // BLOCK_N
-        first_masked = (pid_m * BLOCK_M) // BLOCK_N
-    else:
-        n_blocks = N // BLOCK_N
-        first_masked = n_blocks
-    return pid_m, gl.program_id(1), n_blocks, first_masked
+        n_blocks = (Nk + BLOCK_N - 1) // BLOCK_N
+        first_masked = Nk // BLOCK_N
+    return pid_m, n_blocks, first_masked
 
 
 @gluon.jit
-def _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N: gl.constexpr):
-    # Only the blocks that cross the diagonal pay for the comparison.
+def _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    # Only the blocks past Nk or across the diagonal pay for the comparison.
     if j >= first_masked:
-        s = gl.where(j * BLOCK_N + k_off <= q_idx, s, -float("inf"))
+        keys = j * BLOCK_N + k_off
+        visible = keys < Nk
+        if CAUSAL:
+            visible = visible & (keys <= q_idx + (Nk - Nq))
+        s = gl.where(visible, s, -float("inf"))
     return s
 
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale):
     """Online softmax over one block of scores: P (unnormalised), the new row max and sum,
-    and the factor that rescales what was accumulated before."""
+    and the factor that rescales what was accumulated before. A row that has seen no key yet
+    keeps max -inf; it is shifted by 0 instead, so that it yields zeros, not NaN."""
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
-    alpha = gl.exp2(m_i - m_new)
+    m_shift = gl.where(m_new == -float("inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_shift, 1))
+    alpha = gl.exp2(m_i - m_shift)
     return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, desc_o, o_smem, lse_ptr, q_row, lse_row, row_o: gl.constexpr, row_s: gl.constexpr):
+def _epilogue(acc, m_i, l_i, desc_o, o_smem, lse_ptr, b, h, row0, Nq, HQ, row_o: gl.constexpr,
+              row_s: gl.constexpr):
     # o_smem: Q's buffer, free once the last score matmul is done; reusing it keeps shared
-    # memory low enough for two 64-row programs per SM.
-    BLOCK_M: gl.constexpr = desc_o.block_type.shape[0]
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
-    o_smem.store(out.to(desc_o.dtype))
+    # memory low enough for two 64-row programs per SM. Rows that saw no key get 0 and an
+    # LSE of -inf; rows past Nq are clipped by the descriptor store and masked in the LSE's.
+    BLOCK_M: gl.constexpr = desc_o.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = desc_o.block_type.shape[3]
+    empty = l_i == 0.0
+    out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), row_o), 1)
+    o_smem.reshape([BLOCK_M, HEAD_DIM]).store(out.to(desc_o.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(desc_o, [q_row, 0], o_smem)
-    # The log-sum-exp in natural log, per query row.
-    gl.store(lse_ptr + lse_row + gl.arange(0, BLOCK_M, layout=row_s), (m_i + gl.log2(l_i)) / 1.4426950408889634)
+    tma.async_copy_shared_to_global(desc_o, [b, h, row0, 0], o_smem)
+    rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
+    lse = gl.where(empty, -float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+    gl.store(lse_ptr + (b * HQ + h) * Nq + rows, lse, mask=rows < Nq)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
+def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, qk_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                    STAGES: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
-    pid_m, bh, n_blocks, first_masked = _tile(N, BLOCK_M, BLOCK_N, CAUSAL)
-    q_row = bh * N + pid_m * BLOCK_M
-    kv_row = bh * N
+    pid_m, n_blocks, first_masked = _tile(Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
+    b, h, kvh = _heads(HQ, GROUP)
 
     # Scores and output in wgmma accumulator layouts, 16 rows per warp; P feeds the second
     # matmul from registers.
@@ -147,9 +168,10 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
     q_idx = gl.expand_dims(pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s), 1)
     k_off = gl.expand_dims(gl.arange(0, BLOCK_N, layout=col_s), 0)
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    # TMA boxes are (1, 1, rows, D) of the (B, H, N, D) tensors; matmuls see them as (rows, D).
+    q_smem = gl.allocate_shared_memory(dtype, desc_q.block_type.shape, desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -159,10 +181,11 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
         mbarrier.init(v_bars.index(i), count=1)
 
     mbarrier.expect(q_bar, desc_q.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc_q, [q_row, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(desc_q, [b, h, pid_m * BLOCK_M, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
-        _refill(desc_k, k_bars, k_smem, i, kv_row, n_blocks, BLOCK_N, STAGES)
-        _refill(desc_v, v_bars, v_smem, i, kv_row, n_blocks, BLOCK_N, STAGES)
+        _refill(desc_k, k_bars, k_smem, i, b, kvh, n_blocks, BLOCK_N, STAGES)
+        _refill(desc_v, v_bars, v_smem, i, b, kvh, n_blocks, BLOCK_N, STAGES)
+    q_op = q_smem.reshape([BLOCK_M, HEAD_DIM])
 
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, row_s)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
@@ -174,59 +197,62 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
         # Block 0's scores and probabilities before the loop; each step then issues block
         # j's scores and block j-1's P·V together.
         mbarrier.wait(k_bars.index(0), 0)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        k_op = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
+        s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
-        if CAUSAL:
-            s = _causal_mask(s, 0, first_masked, q_idx, k_off, BLOCK_N)
+        s = _mask(s, 0, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
         # K_0's slot is free once both warp groups have their scores.
         gl.thread_barrier()
-        _refill(desc_k, k_bars, k_smem, STAGES, kv_row, n_blocks, BLOCK_N, STAGES)
+        _refill(desc_k, k_bars, k_smem, STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
         for j in range(1, n_blocks):
             slot = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+            k_op = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+            s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+            v_op = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
             # wgmma groups retire in order: one outstanding means the scores are done.
             s = warpgroup_mma_wait(1, deps=(s,))
-            if CAUSAL:
-                s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
+            s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             # Both warp groups are past K_j and V_{j-1} before their slots are refilled.
             gl.thread_barrier()
-            _refill(desc_k, k_bars, k_smem, j + STAGES, kv_row, n_blocks, BLOCK_N, STAGES)
-            _refill(desc_v, v_bars, v_smem, j - 1 + STAGES, kv_row, n_blocks, BLOCK_N, STAGES)
+            _refill(desc_k, k_bars, k_smem, j + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
+            _refill(desc_v, v_bars, v_smem, j - 1 + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
+        v_op = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,))
     else:
         for j in range(0, n_blocks):
             slot = j % STAGES
             phase = (j // STAGES) & 1
             mbarrier.wait(k_bars.index(slot), phase)
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+            k_op = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+            s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s,))
-            if CAUSAL:
-                s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
+            s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             mbarrier.wait(v_bars.index(slot), phase)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(slot), acc, is_async=True)
+            v_op = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             gl.thread_barrier()
-            _refill(desc_k, k_bars, k_smem, j + STAGES, kv_row, n_blocks, BLOCK_N, STAGES)
-            _refill(desc_v, v_bars, v_smem, j + STAGES, kv_row, n_blocks, BLOCK_N, STAGES)
+            _refill(desc_k, k_bars, k_smem, j + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
+            _refill(desc_v, v_bars, v_smem, j + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
-    _epilogue(acc, m_i, l_i, desc_o, q_smem, lse_ptr, q_row, bh * N + pid_m * BLOCK_M, row_o, row_s)
+    _epilogue(acc, m_i, l_i, desc_o, q_smem, lse_ptr, b, h, pid_m * BLOCK_M, Nq, HQ, row_o, row_s)
 
 
 # The warp-specialised form: one loader warp fills the ring through the TMA, with few
@@ -235,17 +261,18 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
 
 
 @gluon.jit
-def _ws_loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N,
-               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _ws_loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+               Nq, Nk, HQ, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               CAUSAL: gl.constexpr):
     # q_smem holds the tile's query rows as GROUPS boxes of desc_q's rows, one per compute
     # partition.
     GROUPS: gl.constexpr = q_smem.type.shape[0]
-    ROWS: gl.constexpr = desc_q.block_type.shape[0]
-    pid_m, bh, n_blocks, first_masked = _tile(N, BLOCK_M, BLOCK_N, CAUSAL)
-    kv_row = bh * N
+    ROWS: gl.constexpr = desc_q.block_type.shape[2]
+    pid_m, n_blocks, first_masked = _tile(Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
+    b, h, kvh = _heads(HQ, GROUP)
     mbarrier.expect(q_bar, GROUPS * desc_q.block_type.nbytes)
     for g in gl.static_range(GROUPS):
-        tma.async_copy_global_to_shared(desc_q, [bh * N + pid_m * BLOCK_M + g * ROWS, 0], q_bar, q_smem.index(g))
+        tma.async_copy_global_to_shared(desc_q, [b, h, pid_m * BLOCK_M + g * ROWS, 0], q_bar, q_smem.index(g))
     for i in range(n_blocks):
         slot = i % STAGES
         # An mbarrier starts with its phase of parity 1 complete: the first round of slots
@@ -253,23 +280,25 @@ def _ws_loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, k
         phase = ((i // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(slot), phase)
         mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [kv_row + i * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        tma.async_copy_global_to_shared(desc_k, [b, kvh, i * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase)
         mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [kv_row + i * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+        tma.async_copy_global_to_shared(desc_v, [b, kvh, i * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
-def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N, qk_scale,
-                TILE_M: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    # One compute partition: rows GROUP * BLOCK_M ... of the TILE_M-row query tile. Every
+def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                Nq, Nk, HQ, GROUP, qk_scale, TILE_M: gl.constexpr, GROUP_ID: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                num_warps: gl.constexpr):
+    # One compute partition: rows GROUP_ID * BLOCK_M ... of the TILE_M-row query tile. Every
     # partition walks all of the tile's key blocks, so that each hands every slot back once.
     dtype: gl.constexpr = desc_o.dtype
-    BLOCK_M: gl.constexpr = desc_o.block_type.shape[0]
-    q_smem = q_smem.index(GROUP)
-    pid_m, bh, n_blocks, first_masked = _tile(N, TILE_M, BLOCK_N, CAUSAL)
-    row0 = pid_m * TILE_M + GROUP * BLOCK_M
+    BLOCK_M: gl.constexpr = desc_o.block_type.shape[2]
+    q_smem = q_smem.index(GROUP_ID)
+    pid_m, n_blocks, first_masked = _tile(Nq, Nk, TILE_M, BLOCK_N, CAUSAL)
+    b, h, kvh = _heads(HQ, GROUP)
+    row0 = pid_m * TILE_M + GROUP_ID * BLOCK_M
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -280,6 +309,7 @@ def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     q_idx = gl.expand_dims(row0 + gl.arange(0, BLOCK_M, layout=row_s), 1)
     k_off = gl.expand_dims(gl.arange(0, BLOCK_N, layout=col_s), 0)
+    q_op = q_smem.reshape([BLOCK_M, HEAD_DIM])
 
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, row_s)
     l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
@@ -287,38 +317,40 @@ def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    k_op = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
+    s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s,))
-    gl.thread_barrier()  # every compute warp is done with K_0
+    gl.thread_barrier()  # every warp of this partition is done with K_0
     mbarrier.arrive(k_empty.index(0), count=1)
-    if CAUSAL:
-        s = _causal_mask(s, 0, first_masked, q_idx, k_off, BLOCK_N)
+    s = _mask(s, 0, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
     for j in range(1, n_blocks):
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        k_op = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+        v_op = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s,))
-        if CAUSAL:
-            s = _causal_mask(s, j, first_masked, q_idx, k_off, BLOCK_N)
+        s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        gl.thread_barrier()  # every compute warp is done with K_j and V_{j-1}
+        gl.thread_barrier()  # every warp of this partition is done with K_j and V_{j-1}
         mbarrier.arrive(k_empty.index(slot), count=1)
         mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
     last = (n_blocks - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last), acc, is_async=True)
+    v_op = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    _epilogue(acc, m_i, l_i, desc_o, q_smem, lse_ptr, bh * N + row0, bh * N + row0, row_o, row_s)
+    _epilogue(acc, m_i, l_i, desc_o, q_smem, lse_ptr, b, h, row0, Nq, HQ, row_o, row_s)
 
 
 @gluon.jit
-def gluon_attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
+def gluon_attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, qk_scale,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, GROUPS: gl.constexpr, num_warps: gl.constexpr):
     # GROUPS = 1: all compute warps in the default partition (BLOCK_M // 16 warps); they pass a
@@ -327,10 +359,9 @@ def gluon_attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
     # BLOCK_M // 2 rows), which hand slots back independently (the empty barriers count 2) and so
     # drift apart: one group's softmax can run under the other's matmuls.
     dtype: gl.constexpr = desc_q.dtype
-    ROWS: gl.constexpr = desc_q.block_type.shape[0]
-    q_smem = gl.allocate_shared_memory(dtype, [GROUPS, ROWS, HEAD_DIM], desc_q.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [GROUPS] + desc_q.block_type.shape, desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -344,19 +375,19 @@ def gluon_attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, lse_ptr, N, qk_scale,
         mbarrier.init(v_empty.index(i), count=GROUPS)
     if GROUPS == 1:
         gl.warp_specialize([
-            (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N,
-                           qk_scale, BLOCK_M, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, num_warps)),
+            (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                           Nq, Nk, HQ, GROUP, qk_scale, BLOCK_M, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, num_warps)),
             (_ws_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                          N, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                          Nq, Nk, HQ, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
         ], [1], [LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N,
-                           qk_scale, BLOCK_M, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, 4)),
-            (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, N,
-                           qk_scale, BLOCK_M, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, 4)),
+            (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                           Nq, Nk, HQ, GROUP, qk_scale, BLOCK_M, 0, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, 4)),
+            (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                           Nq, Nk, HQ, GROUP, qk_scale, BLOCK_M, 1, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, 4)),
             (_ws_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                          N, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                          Nq, Nk, HQ, GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
         ], [4, 1], [COMPUTE_REGS, LOADER_REGS])
 
 
@@ -365,21 +396,21 @@ def _layout(block, dtype):
 
 
 def launcher(q, k, v, block_m: int, block_n: int, stages: int, mode: str, causal: bool, out=None):
-    """A launch of one variant on contiguous (B, H, N, D) q, k, v, with its descriptors and
-    outputs built once (so that timing sees the kernel, not their construction): (launch, out,
-    lse)."""
-    b, h, n, d = q.shape
-    if n % block_m or n % block_n:
-        raise ValueError(f"N={n} must be a multiple of BLOCK_M={block_m} and of BLOCK_N={block_n}")
+    """A launch of one variant on (B, H, N, D) q, k, v (any strides with a contiguous last dim
+    and 16-byte aligned others; GQA; Nq != Nk, causal bottom-right aligned), with its
+    descriptors and outputs built once, so that timing sees the kernel and not their
+    construction: (launch, out, lse)."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     out = torch.empty_like(q) if out is None else out
-    lse = torch.empty((b, h, n), device=q.device, dtype=torch.float32)
-    flat = [t.view(b * h * n, d) for t in (q, k, v, out)]
+    lse = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
     rows = block_m // 2 if mode == "ws2" else block_m  # ws2: each compute group loads and stores its half
     dq, dk, dv, do = (TensorDescriptor.from_tensor(t, blk, _layout(blk, gdt))
-                      for t, blk in zip(flat, ([rows, d], [block_n, d], [block_n, d], [rows, d])))
-    grid = (n // block_m, b * h)
-    args = (dq, dk, dv, do, lse, n, LOG2E / math.sqrt(d), block_m, block_n, d, stages)
+                      for t, blk in zip((q, k, v, out), ([1, 1, rows, d], [1, 1, block_n, d], [1, 1, block_n, d],
+                                                         [1, 1, rows, d])))
+    grid = (triton.cdiv(nq, block_m), b * hq)
+    args = (dq, dk, dv, do, lse, nq, nk, hq, hq // hkv, LOG2E / math.sqrt(d), block_m, block_n, d, stages)
     if mode in ("ws", "ws2"):
         groups = 2 if mode == "ws2" else 1
 
@@ -393,7 +424,7 @@ def launcher(q, k, v, block_m: int, block_n: int, stages: int, mode: str, causal
 
 
 def run(q, k, v, block_m: int, block_n: int, stages: int, mode: str, causal: bool, out=None):
-    """(out, lse) of attention over contiguous (B, H, N, D) q, k, v, causal or not."""
+    """(out, lse) of attention over (B, H, N, D) q, k, v, causal or not (see launcher)."""
     launch, out, lse = launcher(q, k, v, block_m, block_n, stages, mode, causal, out)
     launch()
     return out, lse
@@ -418,8 +449,10 @@ def compile_only(head_dims) -> None:
                 descs = {}
                 qrows = block_m // 2 if mode == "ws2" else block_m
                 for name, rows in (("desc_q", qrows), ("desc_k", block_n), ("desc_v", block_n), ("desc_o", qrows)):
-                    descs[name] = f"tensordesc<fp16[{rows},{head_dim}],{_layout([rows, head_dim], gl.float16)!r}>"
-                signature = {**descs, "lse_ptr": "*fp32", "N": "i32", "qk_scale": "fp32"}
+                    block = [1, 1, rows, head_dim]
+                    descs[name] = f"tensordesc<fp16[{','.join(map(str, block))}],{_layout(block, gl.float16)!r}>"
+                signature = {**descs, "lse_ptr": "*fp32", "Nq": "i32", "Nk": "i32", "HQ": "i32", "GROUP": "i32",
+                             "qk_scale": "fp32"}
                 values = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages)
                 warps = block_m // 32 if mode == "ws2" else block_m // 16
                 options = {"num_warps": warps}
@@ -451,6 +484,36 @@ def cells(args):
 
     return canonical_grid(dtypes=args.dtypes.split(","), head_dims=[int(x) for x in args.head_dims.split(",")],
                           seqlens=[int(x) for x in args.seqlens.split(",")])
+
+
+# Correctness beyond the canonical grid: (B, Hq, Hkv, Nq, Nk, D, causal, (B, N, H, D) memory).
+ODD_SHAPES = [(2, 6, 2, 200, 333, 64, False, False), (2, 6, 2, 200, 333, 64, True, False),
+              (1, 4, 4, 1, 257, 128, True, False), (3, 8, 1, 129, 129, 128, True, False),
+              (1, 2, 2, 300, 100, 64, True, False), (2, 4, 4, 257, 257, 128, False, True)]
+
+
+def check_odd(args) -> None:
+    """One variant on ODD_SHAPES, checked only: GQA, Nq != Nk, N not a multiple of any tile,
+    rows that see no key, strided inputs. One JSON line per shape."""
+    from fa2gen.bench.correctness import check_forward
+    from fa2gen.bench.grid import Case, make_inputs
+    from fa2gen.runtime.problem import make_problem
+
+    variant = VARIANTS[args.variant]
+    for dtype in args.dtypes.split(","):
+        for b, hq, hkv, nq, nk, d, causal, strided in ODD_SHAPES:
+            case = Case(b, hq, nq, d, causal, dtype, heads_kv=hkv, seqlen_k=nk)
+            row = {"case": case.label() + (" (B,N,H,D)" if strided else ""), "variant": label(variant)}
+            try:
+                q, k, v = make_inputs(case, torch.device("cuda"))
+                if strided:
+                    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+                out = torch.full_like(q, float("nan"))
+                out, lse = run(q, k, v, *variant, causal, out=out)
+                row["check"] = str(check_forward(q, k, v, make_problem(q, k, v, causal=causal), out, lse))
+            except Exception as e:  # a variant that fails to compile or launch is a result here
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            print("ROW " + json.dumps(row), flush=True)
 
 
 def time_variant(args) -> None:
@@ -530,18 +593,19 @@ def main() -> None:
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--variant", type=int, help="time this variant only (the per-variant worker)")
     ap.add_argument("--timeout", type=int, default=45, help="seconds a variant may go without finishing a cell")
+    ap.add_argument("--odd", action="store_true", help="check ODD_SHAPES instead of timing the canonical cells")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.compile_only:
         compile_only([int(x) for x in args.head_dims.split(",")])
         return
     if args.variant is not None:
-        time_variant(args)
+        check_odd(args) if args.odd else time_variant(args)
         return
 
     rows = []
     worker = [sys.executable, __file__, "--dtypes", args.dtypes, "--head-dims", args.head_dims, "--seqlens",
-              args.seqlens]
+              args.seqlens] + (["--odd"] if args.odd else [])
     for i, variant in enumerate(VARIANTS):
         rows += _worker_rows(worker + ["--variant", str(i)], label(variant), args.timeout)
         if args.out:  # after each variant, so that a run cut short keeps what it measured
@@ -553,7 +617,7 @@ def main() -> None:
             print(f"{r['case']:40s} {r['variant']:23s} {r['tflops']:8.1f} {r['tflops'] / r['fa2gen']:9.2f} "
                   f"{r['tflops'] / r['cudnn']:8.2f}  {r['check']}")
         else:
-            print(f"{r.get('case', '-'):40s} {r['variant']:23s} {r.get('error') or r.get('check')}")
+            print(f"{r.get('case', '-'):48s} {r['variant']:23s} {r.get('error') or r.get('check')}")
     for mode in sorted({v[3] for v in VARIANTS}):
         best = {}
         for r in rows:
