@@ -3,11 +3,12 @@
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
 # usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab tplab sweep tune fwd
-#        fp8 gluon gluon-odd bench fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole
+#        fp8 gluon gluon-odd gluon-bwd bench fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole
 #        GPU suite. "fwd", "bench" and "fwdbwd" time the forward, the backward and both; "fp8" the fp8
 #        forward against fa2gen's own bf16 and cuDNN, where its time goes, and its accuracy; "gluon"
 #        times the Gluon forward variants of benchmarks/experiments/gluon_fwd.py on the canonical grid
-#        ($GLUON_DTYPES, default fp16); "gluon-odd" checks them on odd shapes.
+#        ($GLUON_DTYPES, default fp16); "gluon-odd" checks them on odd shapes; "gluon-bwd" times the
+#        Gluon dK/dV kernels of benchmarks/experiments/gluon_bwd.py in place of fa2gen's.
 #        "tplab" times the backward template $AB_B against $AB_A (default: the working tree's) at the
 #        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
 #        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
@@ -82,6 +83,8 @@ for step in $steps; do
              --out "$out/gluon-fwd.json" ;;
     gluon-odd) run gluon-odd 540 python3 benchmarks/experiments/gluon_fwd.py --odd --dtypes fp16,bf16 \
                  --out "$out/gluon-odd.json" ;;
+    gluon-bwd) run gluon-bwd 540 python3 benchmarks/experiments/gluon_bwd.py --dtypes "${GLUON_DTYPES:-fp16}" \
+                 --out "$out/gluon-bwd.json" ;;
     bench) bench_dtypes bwd bwd ;;
     fwdbwd) bench_dtypes fwd+bwd fwdbwd ;;
     memory) run memory 180 python3 benchmarks/memory.py --out "$out/memory.json" ;;

@@ -1,0 +1,365 @@
+"""Experiment: the backward's dK/dV kernel written in Gluon, with its matmuls overlapped with
+the elementwise work between them, against fa2gen's Triton dK/dV kernel.
+
+For one block of BLOCK_N keys, the kernel walks the query blocks (BLOCK_M rows each):
+
+    Sᵀ = K·Qᵀ     Pᵀ = exp(Sᵀ - LSE)     dV += Pᵀ·dO
+    dPᵀ = V·dOᵀ   dSᵀ = Pᵀ ∘ (dPᵀ - Δ)   dK += dSᵀ·Q
+
+With OVERLAP, Sᵀ and dPᵀ are issued together and only Sᵀ is waited for, so the exponentials
+run under the dPᵀ matmul; dV's matmul is issued before dPᵀ is waited for, so dSᵀ is computed
+under it; the step waits for dV and dK only before its Q/dO slot is refilled. Without
+OVERLAP each matmul is waited for at once, as plain Triton does. Q and dO stream through a
+TMA ring of STAGES slots; K and V are loaded once. dQ stays with fa2gen's own kernel: the
+comparison is the dK/dV kernel's time, measured for fa2gen with the PyTorch profiler inside
+its whole backward, and what the whole backward would take with the Gluon kernel instead.
+
+Scope: canonical shapes (Nq = Nk = N a multiple of the tiles, Hq = Hkv, (B, H, N, D) fp16/bf16
+inputs with aligned strides), causal or not.
+
+usage: python benchmarks/experiments/gluon_bwd.py --compile-only [--head-dims 64,128]
+       python benchmarks/experiments/gluon_bwd.py [--dtypes fp16] [--head-dims 64,128]
+           [--seqlens 1024,4096,16384] [--timeout 60] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+
+# (BLOCK_N keys per program, BLOCK_M queries per step, STAGES, mode); BLOCK_N // 16 warps.
+VARIANTS = [(128, 64, 2, "overlap"), (128, 64, 2, "serial"), (128, 32, 2, "overlap"), (64, 64, 2, "overlap"),
+            (128, 64, 3, "overlap")]
+
+
+def _forward_experiment():
+    """gluon_fwd.py beside this file, for its worker harness (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location("gluon_fwd", Path(__file__).parent / "gluon_fwd.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@gluon.jit
+def _load_step(desc, bars, smem, t, first, b, h, steps, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    # Load step t's block of Q or dO (query block first + t) into its ring slot, if there is
+    # such a step.
+    if t < steps:
+        slot = t % STAGES
+        mbarrier.expect(bars.index(slot), desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [b, h, (first + t) * BLOCK_M, 0], bars.index(slot), smem.index(slot))
+
+
+@gluon.jit
+def gluon_attn_bwd_dkdv(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, lse_ptr, delta_ptr, N, HQ,
+                        sm_scale, qk_scale, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                        CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = desc_q.dtype
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    k0 = pid_n * BLOCK_N
+    n_q = N // BLOCK_M
+    if CAUSAL:  # query blocks from the diagonal on; those that start before the block's last key are masked
+        first = k0 // BLOCK_M
+        masked_end = (k0 + BLOCK_N + BLOCK_M - 1) // BLOCK_M
+    else:
+        first = 0
+        masked_end = 0
+    steps = n_q - first
+
+    # Transposed scores (keys x queries) and the key-major gradients in wgmma accumulator
+    # layouts, 16 key rows per warp; Pᵀ and dSᵀ feed their matmuls from registers.
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col: gl.constexpr = gl.SliceLayout(0, st_layout)
+    row: gl.constexpr = gl.SliceLayout(1, st_layout)
+    keys = gl.expand_dims(k0 + gl.arange(0, BLOCK_N, layout=row), 1)
+    q_off = gl.expand_dims(gl.arange(0, BLOCK_M, layout=col), 0)
+
+    k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(do_bars.index(i), count=1)
+    mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_k, [b, h, k0, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(desc_v, [b, h, k0, 0], kv_bar, v_smem)
+    # The ring counts steps from 0; step t holds query block first + t.
+    for t in gl.static_range(STAGES):
+        _load_step(desc_q, q_bars, q_smem, t, first, b, h, steps, BLOCK_M, STAGES)
+        _load_step(desc_do, do_bars, do_smem, t, first, b, h, steps, BLOCK_M, STAGES)
+
+    k_op = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_op = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    mbarrier.wait(kv_bar, 0)
+    for t in range(steps):
+        qb = first + t
+        slot = t % STAGES
+        phase = (t // STAGES) & 1
+        q0 = qb * BLOCK_M
+        lse = gl.load(lse_ptr + bh * N + q0 + gl.arange(0, BLOCK_M, layout=col)) * 1.4426950408889634
+        delta = gl.load(delta_ptr + bh * N + q0 + gl.arange(0, BLOCK_M, layout=col))
+        mbarrier.wait(q_bars.index(slot), phase)
+        mbarrier.wait(do_bars.index(slot), phase)
+        q_op = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_op = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        st = warpgroup_mma(k_op, q_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        if OVERLAP:
+            dpt = warpgroup_mma(v_op, do_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            st = warpgroup_mma_wait(1, deps=(st,))  # Sᵀ only: dPᵀ runs under the exponentials
+        else:
+            st = warpgroup_mma_wait(0, deps=(st,))
+        pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+        if CAUSAL:
+            if qb < masked_end:
+                pt = gl.where(q0 + q_off >= keys, pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do_op, dv, is_async=True)
+        if OVERLAP:
+            dpt = warpgroup_mma_wait(1, deps=(dpt,))  # dPᵀ done; dV's matmul runs under dSᵀ
+        else:
+            dv = warpgroup_mma_wait(0, deps=(dv,))
+            dpt = warpgroup_mma(v_op, do_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            dpt = warpgroup_mma_wait(0, deps=(dpt,))
+        dst = pt * (dpt - gl.expand_dims(delta, 0))
+        dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q_op, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        # Every warp is past Q_i and dO_i before their slot is refilled.
+        gl.thread_barrier()
+        _load_step(desc_q, q_bars, q_smem, t + STAGES, first, b, h, steps, BLOCK_M, STAGES)
+        _load_step(desc_do, do_bars, do_smem, t + STAGES, first, b, h, steps, BLOCK_M, STAGES)
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(q_bars.index(i))
+        mbarrier.invalidate(do_bars.index(i))
+    # K's and V's buffers stage the results: the last matmuls that read them are done.
+    k_smem.reshape([BLOCK_N, HEAD_DIM]).store((dk * sm_scale).to(dtype))
+    v_smem.reshape([BLOCK_N, HEAD_DIM]).store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_dk, [b, h, k0, 0], k_smem)
+    tma.async_copy_shared_to_global(desc_dv, [b, h, k0, 0], v_smem)
+    tma.store_wait(pendings=0)
+
+
+def _layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, dtype)
+
+
+def label(variant) -> str:
+    block_n, block_m, stages, mode = variant
+    return f"n{block_n} m{block_m} s{stages} {mode}"
+
+
+def launcher(q, k, v, dout, lse, delta, variant, causal: bool, dk=None, dv=None):
+    """The dK/dV launch of one variant, descriptors built once: (launch, dk, dv)."""
+    block_n, block_m, stages, mode = variant
+    b, h, n, d = q.shape
+    if n % block_n or n % block_m or k.shape != q.shape:
+        raise ValueError(f"canonical shapes only: N={n} a multiple of {block_n} and {block_m}, k and v like q")
+    gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    descs = [TensorDescriptor.from_tensor(t, blk, _layout(blk, gdt)) for t, blk in
+             ((q, [1, 1, block_m, d]), (k, [1, 1, block_n, d]), (v, [1, 1, block_n, d]), (dout, [1, 1, block_m, d]),
+              (dk, [1, 1, block_n, d]), (dv, [1, 1, block_n, d]))]
+    scale = 1 / math.sqrt(d)
+    grid = (n // block_n, b * h)
+
+    def launch():
+        gluon_attn_bwd_dkdv[grid](*descs, lse, delta, n, h, scale, scale * LOG2E, block_n, block_m, d, stages,
+                                  mode == "overlap", causal, num_warps=block_n // 16)
+    return launch, dk, dv
+
+
+def compile_only(head_dims) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from fa2gen.generator.ahead import assemble, nvidia_tool, spill_bytes
+
+    for d in head_dims:
+        for variant in VARIANTS:
+            for causal in (False, True):
+                block_n, block_m, stages, mode = variant
+                signature = {}
+                for name, rows in (("desc_q", block_m), ("desc_k", block_n), ("desc_v", block_n), ("desc_do", block_m),
+                                   ("desc_dk", block_n), ("desc_dv", block_n)):
+                    block = [1, 1, rows, d]
+                    signature[name] = f"tensordesc<fp16[{','.join(map(str, block))}],{_layout(block, gl.float16)!r}>"
+                signature.update({"lse_ptr": "*fp32", "delta_ptr": "*fp32", "N": "i32", "HQ": "i32",
+                                  "sm_scale": "fp32", "qk_scale": "fp32"})
+                values = dict(BLOCK_N=block_n, BLOCK_M=block_m, HEAD_DIM=d, STAGES=stages, OVERLAP=mode == "overlap",
+                              CAUSAL=causal, num_warps=block_n // 16)
+                signature.update({name: "constexpr" for name in values})
+                names = list(signature)
+                constexprs = {(names.index(name),): value for name, value in values.items()}
+                kernel = triton.compile(GluonASTSource(gluon_attn_bwd_dkdv, signature, constexprs),
+                                        target=GPUTarget("cuda", 90, 32), options={"num_warps": block_n // 16})
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                    report = assemble(kernel, "sm90", cubin.name, name="gluon_attn_bwd_dkdv")
+                    sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                                          text=True).stdout
+                regs = re.search(r"Used (\d+) registers", report)
+                print(f"D={d} {label(variant):20s} {'causal' if causal else 'full  '}: "
+                      f"{regs.group(1) if regs else '?'} registers, {spill_bytes(report)} B spilled, "
+                      f"{kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS", flush=True)
+
+
+def _dkdv_share(fn, calls: int = 5) -> float:
+    """The fraction of ``fn``'s GPU kernel time spent in fa2gen's dK/dV kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = dkdv = 0.0
+    for event in prof.key_averages():
+        t = event.device_time_total
+        total += t
+        if "attn_bwd_dkdv" in event.key:
+            dkdv += t
+    return dkdv / total if total else float("nan")
+
+
+def time_variant(args) -> None:
+    """One variant over the cells, one JSON line per cell: the Gluon dK/dV kernel's time,
+    fa2gen's whole backward and its dK/dV kernel's share of it, and SDPA cuDNN's backward,
+    all timed in this process."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from fa2gen.bench.correctness import check_backward
+    from fa2gen.bench.grid import make_inputs
+    from fa2gen.bench.timing import measure
+    from fa2gen.runtime.backward import backward
+    from fa2gen.runtime.device import cuda_device_info
+    from fa2gen.runtime.dispatch import select_params
+    from fa2gen.runtime.launch import forward
+    from fa2gen.runtime.problem import make_problem
+
+    fwd = _forward_experiment()
+    variant = VARIANTS[args.variant]
+    for case in fwd.cells(args):
+        row = {"case": case.label(), "variant": label(variant)}
+        try:
+            q, k, v = make_inputs(case, torch.device("cuda"))
+            dout = torch.randn_like(q)
+            problem = make_problem(q, k, v, causal=case.causal)
+            info = cuda_device_info(0)
+            out, lse = forward(q, k, v, problem, select_params(problem, info))
+            params = select_params(problem, info, "bwd")
+            bwd_flops = 2.5 * case.flops()
+
+            def ours():
+                return backward(q, k, v, out, lse, dout, problem, params)
+
+            row["fa2gen"] = bwd_flops / measure(ours).median_ms / 1e9
+            row["fa2gen_dkdv_share"] = _dkdv_share(ours)
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = scaled_dot_product_attention(qg, kg, vg, is_causal=case.causal)
+            row["cudnn"] = bwd_flops / measure(
+                lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)).median_ms / 1e9
+            delta = (dout.float() * out.float()).sum(-1)
+            launch, dk, dv = launcher(q, k, v, dout, lse, delta, variant, case.causal,
+                                      dk=torch.full_like(k, float("nan")), dv=torch.full_like(v, float("nan")))
+            launch()
+            dq = ours()[0]
+            verdict = check_backward(q, k, v, problem, dout, dq, dk, dv)
+            row["check"] = str(verdict)
+            if verdict.ok:
+                ms = measure(launch).median_ms
+                whole_ms = bwd_flops / row["fa2gen"] / 1e9
+                row["gluon_dkdv_ms"] = ms
+                row["fa2gen_dkdv_ms"] = whole_ms * row["fa2gen_dkdv_share"]
+                # The whole backward with the Gluon kernel in place of fa2gen's dK/dV kernel.
+                row["tflops"] = bwd_flops / (whole_ms - row["fa2gen_dkdv_ms"] + ms) / 1e9
+        except Exception as e:  # a variant that fails to compile or launch is a result here
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        print("ROW " + json.dumps(row), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--dtypes", default="fp16")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--variant", type=int, help="time this variant only (the per-variant worker)")
+    ap.add_argument("--timeout", type=int, default=60, help="seconds a variant may go without finishing a cell")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.compile_only:
+        compile_only([int(x) for x in args.head_dims.split(",")])
+        return
+    if args.variant is not None:
+        time_variant(args)
+        return
+    fwd = _forward_experiment()
+    rows = []
+    worker = [sys.executable, __file__, "--dtypes", args.dtypes, "--head-dims", args.head_dims, "--seqlens",
+              args.seqlens]
+    for i, variant in enumerate(VARIANTS):
+        rows += fwd._worker_rows(worker + ["--variant", str(i)], label(variant), args.timeout)
+        if args.out:  # after each variant, so that a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
+    print(f"{'case':40s} {'variant':20s} {'dK/dV x fa2gen':>14s} {'bwd TFLOP/s':>11s} {'x fa2gen':>9s} "
+          f"{'x cuDNN':>8s}  check")
+    for r in rows:
+        if "tflops" in r:
+            print(f"{r['case']:40s} {r['variant']:20s} {r['fa2gen_dkdv_ms'] / r['gluon_dkdv_ms']:14.2f} "
+                  f"{r['tflops']:11.1f} {r['tflops'] / r['fa2gen']:9.2f} {r['tflops'] / r['cudnn']:8.2f}  {r['check']}")
+        else:
+            print(f"{r.get('case', '-'):40s} {r['variant']:20s} {r.get('error') or r.get('check')}")
+    for v in VARIANTS:
+        got = [r for r in rows if "tflops" in r and r["variant"] == label(v)]
+        if got:
+            geo = lambda key: math.exp(sum(math.log(r["tflops"] / r[key]) for r in got) / len(got))
+            print(f"{label(v)}: whole backward with it, geomean over {len(got)} cells: x fa2gen {geo('fa2gen'):.3f}, "
+                  f"x cuDNN {geo('cudnn'):.3f}")
+
+
+if __name__ == "__main__":
+    main()
