@@ -179,6 +179,99 @@ def gluon_attn_bwd_dkdv(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, lse_p
     tma.store_wait(pendings=0)
 
 
+@gluon.jit
+def gluon_attn_bwd_dq(desc_q, desc_k, desc_v, desc_do, desc_dq, lse_ptr, delta_ptr, N, HQ, sm_scale, qk_scale,
+                      BLOCK_Q: gl.constexpr, BLOCK_K: gl.constexpr, HEAD_DIM: gl.constexpr,
+                      STAGES: gl.constexpr, OVERLAP: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """dQ for one block of BLOCK_Q queries, walking the key blocks: S = Q·Kᵀ and dP = dO·Vᵀ
+    issued together, the exponentials under dP's matmul, dQ += dS·K."""
+    dtype: gl.constexpr = desc_q.dtype
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    q0 = pid_m * BLOCK_Q
+    if CAUSAL:
+        n_blocks = (q0 + BLOCK_Q + BLOCK_K - 1) // BLOCK_K
+        first_masked = q0 // BLOCK_K
+    else:
+        n_blocks = N // BLOCK_K
+        first_masked = n_blocks
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_K, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    queries = gl.expand_dims(q0 + gl.arange(0, BLOCK_Q, layout=row), 1)
+    k_off = gl.expand_dims(gl.arange(0, BLOCK_K, layout=col), 0)
+    lse = gl.expand_dims(gl.load(lse_ptr + bh * N + q0 + gl.arange(0, BLOCK_Q, layout=row)) * 1.4426950408889634, 1)
+    delta = gl.expand_dims(gl.load(delta_ptr + bh * N + q0 + gl.arange(0, BLOCK_Q, layout=row)), 1)
+
+    q_smem = gl.allocate_shared_memory(dtype, desc_q.block_type.shape, desc_q.layout)
+    do_smem = gl.allocate_shared_memory(dtype, desc_do.block_type.shape, desc_do.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+    qo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(qo_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    mbarrier.expect(qo_bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_q, [b, h, q0, 0], qo_bar, q_smem)
+    tma.async_copy_global_to_shared(desc_do, [b, h, q0, 0], qo_bar, do_smem)
+    for t in gl.static_range(STAGES):
+        _load_step(desc_k, k_bars, k_smem, t, 0, b, h, n_blocks, BLOCK_K, STAGES)
+        _load_step(desc_v, v_bars, v_smem, t, 0, b, h, n_blocks, BLOCK_K, STAGES)
+
+    q_op = q_smem.reshape([BLOCK_Q, HEAD_DIM])
+    do_op = do_smem.reshape([BLOCK_Q, HEAD_DIM])
+    dq = gl.zeros([BLOCK_Q, HEAD_DIM], gl.float32, dq_layout)
+    s_init = gl.zeros([BLOCK_Q, BLOCK_K], gl.float32, s_layout)
+    mbarrier.wait(qo_bar, 0)
+    for j in range(n_blocks):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_bars.index(slot), phase)
+        mbarrier.wait(v_bars.index(slot), phase)
+        k_op = k_smem.index(slot).reshape([BLOCK_K, HEAD_DIM])
+        v_op = v_smem.index(slot).reshape([BLOCK_K, HEAD_DIM])
+        s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        if OVERLAP:
+            dp = warpgroup_mma(do_op, v_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s,))  # S only: dP runs under the exponentials
+        else:
+            s = warpgroup_mma_wait(0, deps=(s,))
+        p = gl.exp2(s * qk_scale - lse)
+        if CAUSAL:
+            if j >= first_masked:
+                p = gl.where(j * BLOCK_K + k_off <= queries, p, 0.0)
+        if OVERLAP:
+            dp = warpgroup_mma_wait(0, deps=(dp,))
+        else:
+            dp = warpgroup_mma(do_op, v_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            dp = warpgroup_mma_wait(0, deps=(dp,))
+        ds = p * (dp - delta)
+        dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), op_layout), k_op, dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq,))
+        gl.thread_barrier()  # every warp is past K_j and V_j before their slot is refilled
+        _load_step(desc_k, k_bars, k_smem, j + STAGES, 0, b, h, n_blocks, BLOCK_K, STAGES)
+        _load_step(desc_v, v_bars, v_smem, j + STAGES, 0, b, h, n_blocks, BLOCK_K, STAGES)
+
+    mbarrier.invalidate(qo_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+    q_smem.reshape([BLOCK_Q, HEAD_DIM]).store((dq * sm_scale).to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc_dq, [b, h, q0, 0], q_smem)
+    tma.store_wait(pendings=0)
+
+
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
@@ -209,38 +302,70 @@ def launcher(q, k, v, dout, lse, delta, variant, causal: bool, dk=None, dv=None)
     return launch, dk, dv
 
 
-def compile_only(head_dims) -> None:
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+def launcher_dq(q, k, v, dout, lse, delta, variant, causal: bool, dq=None):
+    """The dQ launch of one variant (its BLOCK_N query rows per program, BLOCK_M keys per
+    step), descriptors built once: (launch, dq)."""
+    block_q, block_k, stages, mode = variant
+    b, h, n, d = q.shape
+    gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+    dq = torch.empty_like(q) if dq is None else dq
+    descs = [TensorDescriptor.from_tensor(t, blk, _layout(blk, gdt)) for t, blk in
+             ((q, [1, 1, block_q, d]), (k, [1, 1, block_k, d]), (v, [1, 1, block_k, d]), (dout, [1, 1, block_q, d]),
+              (dq, [1, 1, block_q, d]))]
+    scale = 1 / math.sqrt(d)
+    grid = (n // block_q, b * h)
 
+    def launch():
+        gluon_attn_bwd_dq[grid](*descs, lse, delta, n, h, scale, scale * LOG2E, block_q, block_k, d, stages,
+                                mode == "overlap", causal, num_warps=block_q // 16)
+    return launch, dq
+
+
+def compile_only(head_dims) -> None:
+    """Compile both kernels of each variant for sm90 without a GPU; ptxas's registers and
+    spills, the SASS's HGMMAs."""
     from fa2gen.generator.ahead import assemble, nvidia_tool, spill_bytes
 
     for d in head_dims:
         for variant in VARIANTS:
             for causal in (False, True):
-                block_n, block_m, stages, mode = variant
-                signature = {}
-                for name, rows in (("desc_q", block_m), ("desc_k", block_n), ("desc_v", block_n), ("desc_do", block_m),
-                                   ("desc_dk", block_n), ("desc_dv", block_n)):
-                    block = [1, 1, rows, d]
-                    signature[name] = f"tensordesc<fp16[{','.join(map(str, block))}],{_layout(block, gl.float16)!r}>"
-                signature.update({"lse_ptr": "*fp32", "delta_ptr": "*fp32", "N": "i32", "HQ": "i32",
-                                  "sm_scale": "fp32", "qk_scale": "fp32"})
-                values = dict(BLOCK_N=block_n, BLOCK_M=block_m, HEAD_DIM=d, STAGES=stages, OVERLAP=mode == "overlap",
-                              CAUSAL=causal, num_warps=block_n // 16)
-                signature.update({name: "constexpr" for name in values})
-                names = list(signature)
-                constexprs = {(names.index(name),): value for name, value in values.items()}
-                kernel = triton.compile(GluonASTSource(gluon_attn_bwd_dkdv, signature, constexprs),
-                                        target=GPUTarget("cuda", 90, 32), options={"num_warps": block_n // 16})
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-                    report = assemble(kernel, "sm90", cubin.name, name="gluon_attn_bwd_dkdv")
-                    sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
-                                          text=True).stdout
-                regs = re.search(r"Used (\d+) registers", report)
-                print(f"D={d} {label(variant):20s} {'causal' if causal else 'full  '}: "
-                      f"{regs.group(1) if regs else '?'} registers, {spill_bytes(report)} B spilled, "
-                      f"{kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS", flush=True)
+                for name in ("dkdv", "dq"):
+                    kernel = _compile_for_sm90(name, variant, d, causal)
+                    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                        report = assemble(kernel, "sm90", cubin.name, name=name)
+                        sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name],
+                                              capture_output=True, text=True).stdout
+                    regs = re.search(r"Used (\d+) registers", report)
+                    print(f"D={d} {name:4s} {label(variant):20s} {'causal' if causal else 'full  '}: "
+                          f"{regs.group(1) if regs else '?'} registers, {spill_bytes(report)} B spilled, "
+                          f"{kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS", flush=True)
+
+
+def _compile_for_sm90(name: str, variant, d: int, causal: bool):
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    block_n, block_m, stages, mode = variant
+    if name == "dkdv":
+        fn, boxes = gluon_attn_bwd_dkdv, (("desc_q", block_m), ("desc_k", block_n), ("desc_v", block_n),
+                                          ("desc_do", block_m), ("desc_dk", block_n), ("desc_dv", block_n))
+        values = dict(BLOCK_N=block_n, BLOCK_M=block_m)
+    else:
+        fn, boxes = gluon_attn_bwd_dq, (("desc_q", block_n), ("desc_k", block_m), ("desc_v", block_m),
+                                        ("desc_do", block_n), ("desc_dq", block_n))
+        values = dict(BLOCK_Q=block_n, BLOCK_K=block_m)
+    signature = {}
+    for arg, rows in boxes:
+        block = [1, 1, rows, d]
+        signature[arg] = f"tensordesc<fp16[{','.join(map(str, block))}],{_layout(block, gl.float16)!r}>"
+    signature.update({"lse_ptr": "*fp32", "delta_ptr": "*fp32", "N": "i32", "HQ": "i32", "sm_scale": "fp32",
+                      "qk_scale": "fp32"})
+    values.update(HEAD_DIM=d, STAGES=stages, OVERLAP=mode == "overlap", CAUSAL=causal, num_warps=block_n // 16)
+    signature.update({arg: "constexpr" for arg in values})
+    names = list(signature)
+    constexprs = {(names.index(arg),): value for arg, value in values.items()}
+    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": block_n // 16})
 
 
 def _dkdv_share(fn, calls: int = 5) -> float:
@@ -302,10 +427,12 @@ def time_variant(args) -> None:
             row["cudnn"] = bwd_flops / measure(
                 lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)).median_ms / 1e9
             delta = (dout.float() * out.float()).sum(-1)
+            nan = float("nan")
             launch, dk, dv = launcher(q, k, v, dout, lse, delta, variant, case.causal,
-                                      dk=torch.full_like(k, float("nan")), dv=torch.full_like(v, float("nan")))
+                                      dk=torch.full_like(k, nan), dv=torch.full_like(v, nan))
+            launch_dq, dq = launcher_dq(q, k, v, dout, lse, delta, variant, case.causal, dq=torch.full_like(q, nan))
             launch()
-            dq = ours()[0]
+            launch_dq()
             verdict = check_backward(q, k, v, problem, dout, dq, dk, dv)
             row["check"] = str(verdict)
             if verdict.ok:
@@ -315,6 +442,13 @@ def time_variant(args) -> None:
                 row["fa2gen_dkdv_ms"] = whole_ms * row["fa2gen_dkdv_share"]
                 # The whole backward with the Gluon kernel in place of fa2gen's dK/dV kernel.
                 row["tflops"] = bwd_flops / (whole_ms - row["fa2gen_dkdv_ms"] + ms) / 1e9
+
+                def gluon_backward():  # Δ by PyTorch (three passes where fa2gen fuses one), dK/dV, dQ
+                    torch.sum(dout.float() * out.float(), -1, out=delta)
+                    launch()
+                    launch_dq()
+
+                row["gluon_whole"] = bwd_flops / measure(gluon_backward).median_ms / 1e9
         except Exception as e:  # a variant that fails to compile or launch is a result here
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         print("ROW " + json.dumps(row), flush=True)
@@ -345,20 +479,22 @@ def main() -> None:
         if args.out:  # after each variant, so that a run cut short keeps what it measured
             with open(args.out, "w") as f:
                 json.dump({"rows": rows}, f, indent=1)
-    print(f"{'case':40s} {'variant':20s} {'dK/dV x fa2gen':>14s} {'bwd TFLOP/s':>11s} {'x fa2gen':>9s} "
-          f"{'x cuDNN':>8s}  check")
+    print(f"{'case':40s} {'variant':20s} {'dK/dV x fa2gen':>14s} {'swapped x cuDNN':>15s} "
+          f"{'all-Gluon x cuDNN':>17s} {'fa2gen x cuDNN':>14s}  check")
     for r in rows:
         if "tflops" in r:
             print(f"{r['case']:40s} {r['variant']:20s} {r['fa2gen_dkdv_ms'] / r['gluon_dkdv_ms']:14.2f} "
-                  f"{r['tflops']:11.1f} {r['tflops'] / r['fa2gen']:9.2f} {r['tflops'] / r['cudnn']:8.2f}  {r['check']}")
+                  f"{r['tflops'] / r['cudnn']:15.2f} {r['gluon_whole'] / r['cudnn']:17.2f} "
+                  f"{r['fa2gen'] / r['cudnn']:14.2f}  {r['check']}")
         else:
             print(f"{r.get('case', '-'):40s} {r['variant']:20s} {r.get('error') or r.get('check')}")
     for v in VARIANTS:
         got = [r for r in rows if "tflops" in r and r["variant"] == label(v)]
         if got:
-            geo = lambda key: math.exp(sum(math.log(r["tflops"] / r[key]) for r in got) / len(got))
-            print(f"{label(v)}: whole backward with it, geomean over {len(got)} cells: x fa2gen {geo('fa2gen'):.3f}, "
-                  f"x cuDNN {geo('cudnn'):.3f}")
+            geo = lambda a, b: math.exp(sum(math.log(r[a] / r[b]) for r in got) / len(got))
+            print(f"{label(v)}, geomean over {len(got)} cells: dK/dV x fa2gen's {geo('fa2gen_dkdv_ms', 'gluon_dkdv_ms'):.3f}; "
+                  f"backward with it x cuDNN {geo('tflops', 'cudnn'):.3f}; all-Gluon backward x cuDNN "
+                  f"{geo('gluon_whole', 'cudnn'):.3f}; fa2gen's x cuDNN {geo('fa2gen', 'cudnn'):.3f}")
 
 
 if __name__ == "__main__":
