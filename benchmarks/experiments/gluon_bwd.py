@@ -10,9 +10,14 @@ With OVERLAP, Sᵀ and dPᵀ are issued together and only Sᵀ is waited for, so
 run under the dPᵀ matmul; dV's matmul is issued before dPᵀ is waited for, so dSᵀ is computed
 under it; the step waits for dV and dK only before its Q/dO slot is refilled. Without
 OVERLAP each matmul is waited for at once, as plain Triton does. Q and dO stream through a
-TMA ring of STAGES slots; K and V are loaded once. dQ stays with fa2gen's own kernel: the
-comparison is the dK/dV kernel's time, measured for fa2gen with the PyTorch profiler inside
-its whole backward, and what the whole backward would take with the Gluon kernel instead.
+TMA ring of STAGES slots; K and V are loaded once. A dQ kernel in the same style walks the key
+blocks for one block of queries, with the exponentials under dP's matmul.
+
+Measured, in one process per variant: the Gluon dK/dV kernel against fa2gen's (the latter's
+time as its share of fa2gen's whole backward, from the PyTorch profiler: it runs there
+without the L2 flush that do_bench gives the Gluon kernel, which favours fa2gen slightly at
+small N), the whole backward with the Gluon dK/dV kernel in fa2gen's place, the whole
+backward in Gluon, and SDPA cuDNN's backward.
 
 Scope: canonical shapes (Nq = Nk = N a multiple of the tiles, Hq = Hkv, (B, H, N, D) fp16/bf16
 inputs with aligned strides), causal or not.
@@ -186,7 +191,10 @@ def gluon_attn_bwd_dq(desc_q, desc_k, desc_v, desc_do, desc_dq, lse_ptr, delta_p
     """dQ for one block of BLOCK_Q queries, walking the key blocks: S = Q·Kᵀ and dP = dO·Vᵀ
     issued together, the exponentials under dP's matmul, dQ += dS·K."""
     dtype: gl.constexpr = desc_q.dtype
-    pid_m = gl.program_id(0)
+    if CAUSAL:  # the longest query tiles first
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
     bh = gl.program_id(1)
     b = bh // HQ
     h = bh % HQ
@@ -378,8 +386,12 @@ def _dkdv_share(fn, calls: int = 5) -> float:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
     total = dkdv = 0.0
     for event in prof.key_averages():
+        if event.device_type != DeviceType.CUDA:  # kernels only, not their host-side launches
+            continue
         t = event.device_time_total
         total += t
         if "attn_bwd_dkdv" in event.key:
@@ -421,11 +433,14 @@ def time_variant(args) -> None:
 
             row["fa2gen"] = bwd_flops / measure(ours).median_ms / 1e9
             row["fa2gen_dkdv_share"] = _dkdv_share(ours)
-            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                o = scaled_dot_product_attention(qg, kg, vg, is_causal=case.causal)
-            row["cudnn"] = bwd_flops / measure(
-                lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)).median_ms / 1e9
+            try:  # on its own, so that a failure here does not hide the Gluon kernels' result
+                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    o = scaled_dot_product_attention(qg, kg, vg, is_causal=case.causal)
+                row["cudnn"] = bwd_flops / measure(
+                    lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)).median_ms / 1e9
+            except Exception as e:
+                row["reference_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             delta = (dout.float() * out.float()).sum(-1)
             nan = float("nan")
             launch, dk, dv = launcher(q, k, v, dout, lse, delta, variant, case.causal,
@@ -438,17 +453,18 @@ def time_variant(args) -> None:
             if verdict.ok:
                 ms = measure(launch).median_ms
                 whole_ms = bwd_flops / row["fa2gen"] / 1e9
-                row["gluon_dkdv_ms"] = ms
-                row["fa2gen_dkdv_ms"] = whole_ms * row["fa2gen_dkdv_share"]
-                # The whole backward with the Gluon kernel in place of fa2gen's dK/dV kernel.
-                row["tflops"] = bwd_flops / (whole_ms - row["fa2gen_dkdv_ms"] + ms) / 1e9
+                fa2gen_dkdv_ms = whole_ms * row["fa2gen_dkdv_share"]
 
                 def gluon_backward():  # Δ by PyTorch (three passes where fa2gen fuses one), dK/dV, dQ
                     torch.sum(dout.float() * out.float(), -1, out=delta)
                     launch()
                     launch_dq()
 
-                row["gluon_whole"] = bwd_flops / measure(gluon_backward).median_ms / 1e9
+                gluon_whole = bwd_flops / measure(gluon_backward).median_ms / 1e9
+                # All measured: only now do the row's results appear, together.
+                row.update(gluon_dkdv_ms=ms, fa2gen_dkdv_ms=fa2gen_dkdv_ms, gluon_whole=gluon_whole,
+                           # the whole backward with the Gluon kernel in place of fa2gen's dK/dV kernel
+                           tflops=bwd_flops / (whole_ms - fa2gen_dkdv_ms + ms) / 1e9)
         except Exception as e:  # a variant that fails to compile or launch is a result here
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         print("ROW " + json.dumps(row), flush=True)
@@ -482,14 +498,14 @@ def main() -> None:
     print(f"{'case':40s} {'variant':20s} {'dK/dV x fa2gen':>14s} {'swapped x cuDNN':>15s} "
           f"{'all-Gluon x cuDNN':>17s} {'fa2gen x cuDNN':>14s}  check")
     for r in rows:
-        if "tflops" in r:
+        if "tflops" in r and "cudnn" in r:
             print(f"{r['case']:40s} {r['variant']:20s} {r['fa2gen_dkdv_ms'] / r['gluon_dkdv_ms']:14.2f} "
                   f"{r['tflops'] / r['cudnn']:15.2f} {r['gluon_whole'] / r['cudnn']:17.2f} "
                   f"{r['fa2gen'] / r['cudnn']:14.2f}  {r['check']}")
         else:
             print(f"{r.get('case', '-'):40s} {r['variant']:20s} {r.get('error') or r.get('check')}")
     for v in VARIANTS:
-        got = [r for r in rows if "tflops" in r and r["variant"] == label(v)]
+        got = [r for r in rows if "tflops" in r and "cudnn" in r and r["variant"] == label(v)]
         if got:
             geo = lambda a, b: math.exp(sum(math.log(r[a] / r[b]) for r in got) / len(got))
             print(f"{label(v)}, geomean over {len(got)} cells: dK/dV x fa2gen's {geo('fa2gen_dkdv_ms', 'gluon_dkdv_ms'):.3f}; "
