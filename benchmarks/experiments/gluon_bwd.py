@@ -30,17 +30,14 @@ usage: python benchmarks/experiments/gluon_bwd.py --compile-only [--head-dims 64
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -59,8 +56,10 @@ VARIANTS = [(128, 64, 2, "overlap"), (128, 64, 2, "serial"), (128, 32, 2, "overl
             (128, 64, 3, "overlap")]
 
 
+@functools.cache
 def _forward_experiment():
-    """gluon_fwd.py beside this file, for its worker harness (the folder is not a package)."""
+    """gluon_fwd.py beside this file, for its worker harness and compile helpers (the folder
+    is not a package)."""
     spec = importlib.util.spec_from_file_location("gluon_fwd", Path(__file__).parent / "gluon_fwd.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -332,27 +331,20 @@ def launcher_dq(q, k, v, dout, lse, delta, variant, causal: bool, dq=None):
 def compile_only(head_dims) -> None:
     """Compile both kernels of each variant for sm90 without a GPU; ptxas's registers and
     spills, the SASS's HGMMAs."""
-    from fa2gen.generator.ahead import assemble, nvidia_tool, spill_bytes
-
+    fwd = _forward_experiment()
     for d in head_dims:
         for variant in VARIANTS:
             for causal in (False, True):
                 for name in ("dkdv", "dq"):
-                    kernel = _compile_for_sm90(name, variant, d, causal)
-                    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-                        report = assemble(kernel, "sm90", cubin.name, name=name)
-                        sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name],
-                                              capture_output=True, text=True).stdout
-                    regs = re.search(r"Used (\d+) registers", report)
-                    print(f"D={d} {name:4s} {label(variant):20s} {'causal' if causal else 'full  '}: "
-                          f"{regs.group(1) if regs else '?'} registers, {spill_bytes(report)} B spilled, "
-                          f"{kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS", flush=True)
+                    kernel = compiled(name, variant, d, causal)
+                    regs, spill, sass = fwd.resources(kernel, name)
+                    print(f"D={d} {name:4s} {label(variant):20s} {'causal' if causal else 'full  '}: {regs} registers, "
+                          f"{spill} B spilled, {kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the "
+                          "SASS", flush=True)
 
 
-def _compile_for_sm90(name: str, variant, d: int, causal: bool):
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+def compiled(name: str, variant, d: int, causal: bool):
+    """The dK/dV ("dkdv") or dQ ("dq") kernel of one variant compiled for sm90."""
     block_n, block_m, stages, mode = variant
     if name == "dkdv":
         fn, boxes = gluon_attn_bwd_dkdv, (("desc_q", block_m), ("desc_k", block_n), ("desc_v", block_n),
@@ -362,18 +354,11 @@ def _compile_for_sm90(name: str, variant, d: int, causal: bool):
         fn, boxes = gluon_attn_bwd_dq, (("desc_q", block_n), ("desc_k", block_m), ("desc_v", block_m),
                                         ("desc_do", block_n), ("desc_dq", block_n))
         values = dict(BLOCK_Q=block_n, BLOCK_K=block_m)
-    signature = {}
-    for arg, rows in boxes:
-        block = [1, 1, rows, d]
-        signature[arg] = f"tensordesc<fp16[{','.join(map(str, block))}],{_layout(block, gl.float16)!r}>"
-    signature.update({"lse_ptr": "*fp32", "delta_ptr": "*fp32", "N": "i32", "HQ": "i32", "sm_scale": "fp32",
-                      "qk_scale": "fp32"})
+    scalars = {"lse_ptr": "*fp32", "delta_ptr": "*fp32", "N": "i32", "HQ": "i32", "sm_scale": "fp32",
+               "qk_scale": "fp32"}
     values.update(HEAD_DIM=d, STAGES=stages, OVERLAP=mode == "overlap", CAUSAL=causal, num_warps=block_n // 16)
-    signature.update({arg: "constexpr" for arg in values})
-    names = list(signature)
-    constexprs = {(names.index(arg),): value for arg, value in values.items()}
-    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": block_n // 16})
+    return _forward_experiment().compile_for_sm90(fn, [(arg, [1, 1, rows, d]) for arg, rows in boxes], scalars,
+                                                  values, {"num_warps": block_n // 16})
 
 
 def _dkdv_share(fn, calls: int = 5) -> float:

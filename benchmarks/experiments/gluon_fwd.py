@@ -436,48 +436,68 @@ def label(variant) -> str:
     return f"m{block_m} n{block_n} s{stages} {mode}"
 
 
-def compile_only(head_dims) -> None:
-    """Compile each variant for sm90 without a GPU and report what ptxas and the SASS say."""
+def compile_for_sm90(fn, boxes, scalars: dict, values: dict, options: dict):
+    """Compile a Gluon kernel for sm90 without a GPU, as a launch would specialise it:
+    ``boxes`` names each tensor-descriptor argument with its (1, 1, rows, D) fp16 box,
+    ``scalars`` the other runtime arguments' types, ``values`` the constexprs."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    signature = {}
+    for arg, block in boxes:
+        signature[arg] = f"tensordesc<fp16[{','.join(map(str, block))}],{_layout(block, gl.float16)!r}>"
+    signature.update(scalars)
+    signature.update({arg: "constexpr" for arg in values})
+    names = list(signature)
+    constexprs = {(names.index(arg),): value for arg, value in values.items()}
+    return triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def resources(kernel, name: str) -> tuple[int | None, int, str]:
+    """(registers, bytes spilled, SASS) of a kernel compiled for sm90, from the bundled ptxas
+    and cuobjdump."""
     from fa2gen.generator.ahead import assemble, nvidia_tool, spill_bytes
 
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        report = assemble(kernel, "sm90", cubin.name, name=name)
+        sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                              text=True).stdout
+    regs = re.search(r"Used (\d+) registers", report)
+    return (int(regs.group(1)) if regs else None), spill_bytes(report), sass
+
+
+def compiled(variant, head_dim: int, causal: bool):
+    """One forward variant compiled for sm90."""
+    block_m, block_n, stages, mode = variant
+    qrows = block_m // 2 if mode == "ws2" else block_m
+    boxes = [(arg, [1, 1, rows, head_dim]) for arg, rows in (("desc_q", qrows), ("desc_k", block_n),
+                                                             ("desc_v", block_n), ("desc_o", qrows))]
+    scalars = {"lse_ptr": "*fp32", "Nq": "i32", "Nk": "i32", "HQ": "i32", "GROUP": "i32", "qk_scale": "fp32"}
+    values = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages)
+    warps = block_m // 32 if mode == "ws2" else block_m // 16
+    options = {"num_warps": warps}
+    if mode in ("ws", "ws2"):
+        fn = gluon_attn_fwd_ws
+        options["maxnreg"] = WS_MAXNREG[block_m]
+        values.update(CAUSAL=causal, GROUPS=2 if mode == "ws2" else 1)
+    else:
+        fn = gluon_attn_fwd
+        values.update(OVERLAP=mode == "overlap", CAUSAL=causal)
+    values["num_warps"] = warps
+    return compile_for_sm90(fn, boxes, scalars, values, options)
+
+
+def compile_only(head_dims) -> None:
+    """Compile each variant for sm90 without a GPU and report what ptxas and the SASS say."""
     for head_dim in head_dims:
         for variant in VARIANTS:
             for causal in (False, True):
-                block_m, block_n, stages, mode = variant
-                descs = {}
-                qrows = block_m // 2 if mode == "ws2" else block_m
-                for name, rows in (("desc_q", qrows), ("desc_k", block_n), ("desc_v", block_n), ("desc_o", qrows)):
-                    block = [1, 1, rows, head_dim]
-                    descs[name] = f"tensordesc<fp16[{','.join(map(str, block))}],{_layout(block, gl.float16)!r}>"
-                signature = {**descs, "lse_ptr": "*fp32", "Nq": "i32", "Nk": "i32", "HQ": "i32", "GROUP": "i32",
-                             "qk_scale": "fp32"}
-                values = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages)
-                warps = block_m // 32 if mode == "ws2" else block_m // 16
-                options = {"num_warps": warps}
-                if mode in ("ws", "ws2"):
-                    fn = gluon_attn_fwd_ws
-                    options["maxnreg"] = WS_MAXNREG[block_m]
-                    values.update(CAUSAL=causal, GROUPS=2 if mode == "ws2" else 1)
-                else:
-                    fn = gluon_attn_fwd
-                    values.update(OVERLAP=mode == "overlap", CAUSAL=causal)
-                values["num_warps"] = warps
-                signature.update({name: "constexpr" for name in values})
-                names = list(signature)
-                constexprs = {(names.index(name),): value for name, value in values.items()}
-                kernel = triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                                        options=options)
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-                    report = assemble(kernel, "sm90", cubin.name, name="gluon_attn_fwd")
-                    sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
-                                          text=True).stdout
-                regs = re.search(r"Used (\d+) registers", report)
-                print(f"D={head_dim} {label(variant):23s} {'causal' if causal else 'full  '}: "
-                      f"{regs.group(1) if regs else '?'} registers, {spill_bytes(report)} B spilled, "
-                      f"{kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS", flush=True)
+                kernel = compiled(variant, head_dim, causal)
+                regs, spill, sass = resources(kernel, "gluon_attn_fwd")
+                print(f"D={head_dim} {label(variant):23s} {'causal' if causal else 'full  '}: {regs} registers, "
+                      f"{spill} B spilled, {kernel.metadata.shared} B shared, {sass.count('HGMMA')} HGMMA in the SASS",
+                      flush=True)
 
 
 def cells(args):
