@@ -73,17 +73,10 @@ def attention(
         return _attention_fp8(q, k, v, problem, launch, key, return_lse, (descale_q, descale_k, descale_v))
     no_descales(descale_q, descale_k, descale_v, q.dtype)
     if q.device.type == "cuda":
-        index = q.device.index
-        current = torch.cuda.current_device()
-        if launch is None:
-            info = cuda_device_info(current if index is None else index)
-            launch = Launch(problem, select_params(problem, info), info.sm_count)
-            if key is not None:
-                remember_launch(key, launch)
-        if index is None or index == current:
-            run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch)
-        else:  # Triton launches on the current device
-            run = functools.partial(_on_device, index, forward, q, k, v, problem, launch.params, launch=launch)
+        launch, other = _cuda_launch(q, problem, launch, key)
+        run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch)
+        if other is not None:  # Triton launches on the current device
+            run = functools.partial(_on_device, other, run)
         out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic)
     elif interpreting():
         run = functools.partial(forward, q, k, v, problem, select_params(problem, None))
@@ -99,19 +92,9 @@ def _attention_fp8(q, k, v, problem, launch, key, return_lse: bool, descales):
         raise ValueError("fp8 attention is forward only: q, k and v must not require grad")
     descales = check_descales(problem, q.device, *descales)
     if q.device.type == "cuda":
-        index = q.device.index
-        current = torch.cuda.current_device()
-        info = cuda_device_info(current if index is None else index)
-        if info.capability < (8, 9):
-            raise RuntimeError(f"fp8 attention needs fp8 tensor cores (sm89 or newer); {q.device} is {info.arch}")
-        if launch is None:
-            launch = Launch(problem, select_params(problem, info), info.sm_count)
-            if key is not None:
-                remember_launch(key, launch)
-        if index is None or index == current:
-            out, lse = forward(q, k, v, problem, launch.params, launch=launch, descales=descales)
-        else:
-            out, lse = _on_device(index, forward, q, k, v, problem, launch.params, launch=launch, descales=descales)
+        launch, other = _cuda_launch(q, problem, launch, key)
+        run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, descales=descales)
+        out, lse = run() if other is None else _on_device(other, run)
     elif interpreting():
         out, lse = forward(q, k, v, problem, select_params(problem, None), descales=descales)
     else:
@@ -120,6 +103,21 @@ def _attention_fp8(q, k, v, problem, launch, key, return_lse: bool, descales):
         out, lse = attention_reference(*real, problem)
         out = out.to(torch.bfloat16)
     return (out, lse) if return_lse else out
+
+
+def _cuda_launch(q, problem, launch, key):
+    """The call's Launch, built, checked and remembered on the first call of its key (which
+    holds the device), and the device index to switch to, or None when q's is current."""
+    index = q.device.index
+    current = torch.cuda.current_device()
+    if launch is None:
+        info = cuda_device_info(current if index is None else index)
+        if problem.kernel_spec().fp8 and info.capability < (8, 9):
+            raise RuntimeError(f"fp8 attention needs fp8 tensor cores (sm89 or newer); {q.device} is {info.arch}")
+        launch = Launch(problem, select_params(problem, info), info.sm_count)
+        if key is not None:
+            remember_launch(key, launch)
+    return launch, None if index is None or index == current else index
 
 
 def _warn_cpu() -> None:
