@@ -29,12 +29,10 @@ usage: python benchmarks/experiments/gluon_bwd.py --compile-only [--head-dims 64
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
@@ -66,14 +64,10 @@ def _forward_experiment():
     return module
 
 
-@gluon.jit
-def _load_step(desc, bars, smem, t, first, b, h, steps, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    # Load step t's block of Q or dO (query block first + t) into its ring slot, if there is
-    # such a step.
-    if t < steps:
-        slot = t % STAGES
-        mbarrier.expect(bars.index(slot), desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, [b, h, (first + t) * BLOCK_M, 0], bars.index(slot), smem.index(slot))
+# The forward experiment's ring helpers, as globals the kernels below call.
+_barriers = _forward_experiment()._barriers
+_ring = _forward_experiment()._ring
+_load_step = _forward_experiment()._load_step
 
 
 @gluon.jit
@@ -110,15 +104,9 @@ def gluon_attn_bwd_dkdv(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, lse_p
 
     k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)
     v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(do_bars.index(i), count=1)
+    kv_bar = _barriers(1, 1).index(0)
+    q_smem, q_bars = _ring(desc_q, STAGES)
+    do_smem, do_bars = _ring(desc_do, STAGES)
     mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_k, [b, h, k0, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(desc_v, [b, h, k0, 0], kv_bar, v_smem)
@@ -219,15 +207,9 @@ def gluon_attn_bwd_dq(desc_q, desc_k, desc_v, desc_do, desc_dq, lse_ptr, delta_p
 
     q_smem = gl.allocate_shared_memory(dtype, desc_q.block_type.shape, desc_q.layout)
     do_smem = gl.allocate_shared_memory(dtype, desc_do.block_type.shape, desc_do.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    qo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(qo_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
+    qo_bar = _barriers(1, 1).index(0)
+    k_smem, k_bars = _ring(desc_k, STAGES)
+    v_smem, v_bars = _ring(desc_v, STAGES)
     mbarrier.expect(qo_bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_q, [b, h, q0, 0], qo_bar, q_smem)
     tma.async_copy_global_to_shared(desc_do, [b, h, q0, 0], qo_bar, do_smem)
@@ -456,30 +438,14 @@ def time_variant(args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--dtypes", default="fp16")
-    ap.add_argument("--head-dims", default="64,128")
-    ap.add_argument("--seqlens", default="1024,4096,16384")
-    ap.add_argument("--variant", type=int, help="time this variant only (the per-variant worker)")
-    ap.add_argument("--timeout", type=int, default=60, help="seconds a variant may go without finishing a cell")
-    ap.add_argument("--out")
-    args = ap.parse_args()
+    args = _forward_experiment().arguments(timeout=60).parse_args()
     if args.compile_only:
         compile_only([int(x) for x in args.head_dims.split(",")])
         return
     if args.variant is not None:
         time_variant(args)
         return
-    fwd = _forward_experiment()
-    rows = []
-    worker = [sys.executable, __file__, "--dtypes", args.dtypes, "--head-dims", args.head_dims, "--seqlens",
-              args.seqlens]
-    for i, variant in enumerate(VARIANTS):
-        rows += fwd._worker_rows(worker + ["--variant", str(i)], label(variant), args.timeout)
-        if args.out:  # after each variant, so that a run cut short keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump({"rows": rows}, f, indent=1)
+    rows = _forward_experiment().run_variants(__file__, args, [label(v) for v in VARIANTS])
     print(f"{'case':40s} {'variant':20s} {'dK/dV x fa2gen':>14s} {'swapped x cuDNN':>15s} "
           f"{'all-Gluon x cuDNN':>17s} {'fa2gen x cuDNN':>14s}  check")
     for r in rows:

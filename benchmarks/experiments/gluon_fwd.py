@@ -79,12 +79,28 @@ def _heads(HQ, GROUP):
 
 
 @gluon.jit
-def _refill(desc, bars, smem, index, b, kvh, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    # Load key block `index` into its ring slot, if there is such a block.
-    if index < n_blocks:
-        slot = index % STAGES
+def _barriers(N_BARS: gl.constexpr, COUNT: gl.constexpr):
+    """N_BARS mbarriers in shared memory, each completing after COUNT arrivals."""
+    bars = gl.allocate_shared_memory(gl.int64, [N_BARS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(N_BARS):
+        mbarrier.init(bars.index(i), count=COUNT)
+    return bars
+
+
+@gluon.jit
+def _ring(desc, STAGES: gl.constexpr):
+    """A ring of STAGES slots for desc's boxes, and a barrier per slot that its load completes."""
+    return gl.allocate_shared_memory(desc.dtype, [STAGES] + desc.block_type.shape, desc.layout), _barriers(STAGES, 1)
+
+
+@gluon.jit
+def _load_step(desc, bars, smem, t, first, b, h, steps, ROWS: gl.constexpr, STAGES: gl.constexpr):
+    # Load step t's box (rows (first + t) * ROWS ... of head (b, h)) into its ring slot, if
+    # there is such a step.
+    if t < steps:
+        slot = t % STAGES
         mbarrier.expect(bars.index(slot), desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, [b, kvh, index * BLOCK_N, 0], bars.index(slot), smem.index(slot))
+        tma.async_copy_global_to_shared(desc, [b, h, (first + t) * ROWS, 0], bars.index(slot), smem.index(slot))
 
 
 @gluon.jit
@@ -170,21 +186,15 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
 
     # TMA boxes are (1, 1, rows, D) of the (B, H, N, D) tensors; matmuls see them as (rows, D).
     q_smem = gl.allocate_shared_memory(dtype, desc_q.block_type.shape, desc_q.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
+    q_bar = _barriers(1, 1).index(0)
+    k_smem, k_bars = _ring(desc_k, STAGES)
+    v_smem, v_bars = _ring(desc_v, STAGES)
 
     mbarrier.expect(q_bar, desc_q.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_q, [b, h, pid_m * BLOCK_M, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
-        _refill(desc_k, k_bars, k_smem, i, b, kvh, n_blocks, BLOCK_N, STAGES)
-        _refill(desc_v, v_bars, v_smem, i, b, kvh, n_blocks, BLOCK_N, STAGES)
+        _load_step(desc_k, k_bars, k_smem, i, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
+        _load_step(desc_v, v_bars, v_smem, i, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
     q_op = q_smem.reshape([BLOCK_M, HEAD_DIM])
 
     m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, row_s)
@@ -204,7 +214,7 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
         # K_0's slot is free once both warp groups have their scores.
         gl.thread_barrier()
-        _refill(desc_k, k_bars, k_smem, STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
+        _load_step(desc_k, k_bars, k_smem, STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
         for j in range(1, n_blocks):
             slot = j % STAGES
             prev = (j - 1) % STAGES
@@ -222,8 +232,8 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             # Both warp groups are past K_j and V_{j-1} before their slots are refilled.
             gl.thread_barrier()
-            _refill(desc_k, k_bars, k_smem, j + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
-            _refill(desc_v, v_bars, v_smem, j - 1 + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
+            _load_step(desc_k, k_bars, k_smem, j + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
+            _load_step(desc_v, v_bars, v_smem, j - 1 + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
         last = (n_blocks - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // STAGES) & 1)
         v_op = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
@@ -245,8 +255,8 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
             acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             gl.thread_barrier()
-            _refill(desc_k, k_bars, k_smem, j + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
-            _refill(desc_v, v_bars, v_smem, j + STAGES, b, kvh, n_blocks, BLOCK_N, STAGES)
+            _load_step(desc_k, k_bars, k_smem, j + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
+            _load_step(desc_v, v_bars, v_smem, j + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -360,19 +370,11 @@ def gluon_attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP
     # drift apart: one group's softmax can run under the other's matmuls.
     dtype: gl.constexpr = desc_q.dtype
     q_smem = gl.allocate_shared_memory(dtype, [GROUPS] + desc_q.block_type.shape, desc_q.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=GROUPS)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=GROUPS)
+    q_bar = _barriers(1, 1).index(0)
+    k_smem, k_ready = _ring(desc_k, STAGES)
+    v_smem, v_ready = _ring(desc_v, STAGES)
+    k_empty = _barriers(STAGES, GROUPS)  # each compute partition hands every slot back
+    v_empty = _barriers(STAGES, GROUPS)
     if GROUPS == 1:
         gl.warp_specialize([
             (_ws_compute, (desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
@@ -609,16 +611,37 @@ def _worker_rows(cmd, name: str, timeout: float) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def arguments(timeout: int) -> argparse.ArgumentParser:
+    """The options both Gluon experiments take."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--dtypes", default="fp16")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--variant", type=int, help="time this variant only (the per-variant worker)")
-    ap.add_argument("--timeout", type=int, default=45, help="seconds a variant may go without finishing a cell")
-    ap.add_argument("--odd", action="store_true", help="check ODD_SHAPES instead of timing the canonical cells")
+    ap.add_argument("--timeout", type=int, default=timeout, help="seconds a variant may go without finishing a cell")
     ap.add_argument("--out")
+    return ap
+
+
+def run_variants(script: str, args, labels: list[str], extra: list[str] = ()) -> list[dict]:
+    """Each variant of ``script`` in its own worker process (``--variant i``), over the cells
+    of ``args``; the rows of all, written to ``args.out`` after each variant, so that a run
+    cut short keeps what it measured."""
+    rows = []
+    worker = [sys.executable, script, "--dtypes", args.dtypes, "--head-dims", args.head_dims, "--seqlens",
+              args.seqlens, *extra]
+    for i, name in enumerate(labels):
+        rows += _worker_rows(worker + ["--variant", str(i)], name, args.timeout)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
+    return rows
+
+
+def main() -> None:
+    ap = arguments(timeout=45)
+    ap.add_argument("--odd", action="store_true", help="check ODD_SHAPES instead of timing the canonical cells")
     args = ap.parse_args()
     if args.compile_only:
         compile_only([int(x) for x in args.head_dims.split(",")])
@@ -627,14 +650,7 @@ def main() -> None:
         check_odd(args) if args.odd else time_variant(args)
         return
 
-    rows = []
-    worker = [sys.executable, __file__, "--dtypes", args.dtypes, "--head-dims", args.head_dims, "--seqlens",
-              args.seqlens] + (["--odd"] if args.odd else [])
-    for i, variant in enumerate(VARIANTS):
-        rows += _worker_rows(worker + ["--variant", str(i)], label(variant), args.timeout)
-        if args.out:  # after each variant, so that a run cut short keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump({"rows": rows}, f, indent=1)
+    rows = run_variants(__file__, args, [label(v) for v in VARIANTS], ["--odd"] if args.odd else [])
     print(f"{'case':40s} {'variant':23s} {'TFLOP/s':>8s} {'x fa2gen':>9s} {'x cuDNN':>8s}  check")
     for r in rows:
         if "tflops" in r and "fa2gen" in r and "cudnn" in r:
