@@ -104,6 +104,25 @@ def _load_step(desc, bars, smem, t, first, b, h, steps, ROWS: gl.constexpr, STAG
 
 
 @gluon.jit
+def _scores(q_op, k_smem, k_bars, j, s_init, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+    """Issue block j's scores Q·K_jᵀ once K_j has landed in its slot; asynchronous."""
+    slot = j % STAGES
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+    k_op = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+    return warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _pv(p, v_smem, v_bars, j, acc, p_layout: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+        STAGES: gl.constexpr):
+    """Issue acc += P·V_j once V_j has landed in its slot; asynchronous."""
+    slot = j % STAGES
+    mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
+    v_op = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+    return warpgroup_mma(gl.convert_layout(p.to(v_smem.dtype), p_layout), v_op, acc, is_async=True)
+
+
+@gluon.jit
 def _tile(Nq, Nk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """This program's query tile, its number of key blocks and the first block that needs a
     mask (keys past Nk, or past the diagonal). Causal is bottom-right aligned: query i sees
@@ -206,24 +225,15 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
     if OVERLAP:
         # Block 0's scores and probabilities before the loop; each step then issues block
         # j's scores and block j-1's P·V together.
-        mbarrier.wait(k_bars.index(0), 0)
-        k_op = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
-        s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
+        s = warpgroup_mma_wait(0, deps=(_scores(q_op, k_smem, k_bars, 0, s_init, BLOCK_N, HEAD_DIM, STAGES),))
         s = _mask(s, 0, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
         # K_0's slot is free once both warp groups have their scores.
         gl.thread_barrier()
         _load_step(desc_k, k_bars, k_smem, STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
         for j in range(1, n_blocks):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            k_op = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
-            s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
-            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            v_op = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
+            s = _scores(q_op, k_smem, k_bars, j, s_init, BLOCK_N, HEAD_DIM, STAGES)
+            acc = _pv(p, v_smem, v_bars, j - 1, acc, p_layout, BLOCK_N, HEAD_DIM, STAGES)
             # wgmma groups retire in order: one outstanding means the scores are done.
             s = warpgroup_mma_wait(1, deps=(s,))
             s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
@@ -234,26 +244,15 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
             gl.thread_barrier()
             _load_step(desc_k, k_bars, k_smem, j + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
             _load_step(desc_v, v_bars, v_smem, j - 1 + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_bars.index(last), ((n_blocks - 1) // STAGES) & 1)
-        v_op = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
+        acc = _pv(p, v_smem, v_bars, n_blocks - 1, acc, p_layout, BLOCK_N, HEAD_DIM, STAGES)
         acc = warpgroup_mma_wait(0, deps=(acc,))
     else:
         for j in range(0, n_blocks):
-            slot = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_bars.index(slot), phase)
-            k_op = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
-            s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s,))
+            s = warpgroup_mma_wait(0, deps=(_scores(q_op, k_smem, k_bars, j, s_init, BLOCK_N, HEAD_DIM, STAGES),))
             s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            mbarrier.wait(v_bars.index(slot), phase)
-            v_op = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+            acc = warpgroup_mma_wait(0, deps=(_pv(p, v_smem, v_bars, j, acc, p_layout, BLOCK_N, HEAD_DIM, STAGES),))
             gl.thread_barrier()
             _load_step(desc_k, k_bars, k_smem, j + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
             _load_step(desc_v, v_bars, v_smem, j + STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
@@ -303,7 +302,6 @@ def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty
                 num_warps: gl.constexpr):
     # One compute partition: rows GROUP_ID * BLOCK_M ... of the TILE_M-row query tile. Every
     # partition walks all of the tile's key blocks, so that each hands every slot back once.
-    dtype: gl.constexpr = desc_o.dtype
     BLOCK_M: gl.constexpr = desc_o.block_type.shape[2]
     q_smem = q_smem.index(GROUP_ID)
     pid_m, n_blocks, first_masked = _tile(Nq, Nk, TILE_M, BLOCK_N, CAUSAL)
@@ -326,36 +324,24 @@ def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    k_op = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM])
-    s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s,))
+    s = warpgroup_mma_wait(0, deps=(_scores(q_op, k_smem, k_ready, 0, s_init, BLOCK_N, HEAD_DIM, STAGES),))
     gl.thread_barrier()  # every warp of this partition is done with K_0
     mbarrier.arrive(k_empty.index(0), count=1)
     s = _mask(s, 0, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
     for j in range(1, n_blocks):
-        slot = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        k_op = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
-        s = warpgroup_mma(q_op, k_op.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        v_op = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
+        s = _scores(q_op, k_smem, k_ready, j, s_init, BLOCK_N, HEAD_DIM, STAGES)
+        acc = _pv(p, v_smem, v_ready, j - 1, acc, p_layout, BLOCK_N, HEAD_DIM, STAGES)
         s = warpgroup_mma_wait(1, deps=(s,))
         s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         gl.thread_barrier()  # every warp of this partition is done with K_j and V_{j-1}
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        mbarrier.arrive(v_empty.index(prev), count=1)
+        mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+        mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-    v_op = v_smem.index(last).reshape([BLOCK_N, HEAD_DIM])
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_op, acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
+    acc = warpgroup_mma_wait(0, deps=(_pv(p, v_smem, v_ready, n_blocks - 1, acc, p_layout, BLOCK_N, HEAD_DIM,
+                                          STAGES),))
     _epilogue(acc, m_i, l_i, desc_o, q_smem, lse_ptr, b, h, row0, Nq, HQ, row_o, row_s)
 
 
