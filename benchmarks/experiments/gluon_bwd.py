@@ -68,6 +68,7 @@ def _forward_experiment():
 _barriers = _forward_experiment()._barriers
 _ring = _forward_experiment()._ring
 _load_step = _forward_experiment()._load_step
+wgmma_layout = _forward_experiment().wgmma_layout
 
 
 @gluon.jit
@@ -92,10 +93,8 @@ def gluon_attn_bwd_dkdv(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, lse_p
 
     # Transposed scores (keys x queries) and the key-major gradients in wgmma accumulator
     # layouts, 16 key rows per warp; Pᵀ and dSᵀ feed their matmuls from registers.
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+    st_layout: gl.constexpr = wgmma_layout(num_warps, BLOCK_M)
+    kv_layout: gl.constexpr = wgmma_layout(num_warps, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col: gl.constexpr = gl.SliceLayout(0, st_layout)
     row: gl.constexpr = gl.SliceLayout(1, st_layout)
@@ -193,10 +192,8 @@ def gluon_attn_bwd_dq(desc_q, desc_k, desc_v, desc_do, desc_dq, lse_ptr, delta_p
         n_blocks = N // BLOCK_K
         first_masked = n_blocks
 
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_K, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = wgmma_layout(num_warps, BLOCK_K)
+    dq_layout: gl.constexpr = wgmma_layout(num_warps, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
     row: gl.constexpr = gl.SliceLayout(1, s_layout)
     col: gl.constexpr = gl.SliceLayout(0, s_layout)

@@ -71,6 +71,12 @@ COMPUTE_REGS = gl.constexpr(240)
 WS_MAXNREG = {128: 168, 64: 128}
 
 
+@gluon.constexpr_function
+def wgmma_layout(num_warps, n):
+    """The wgmma accumulator layout of a (16 * num_warps) x n tile: 16 rows per warp."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _heads(HQ, GROUP):
     """This program's batch, query head and k/v head (GQA: GROUP query heads per k/v head)."""
@@ -192,10 +198,8 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
 
     # Scores and output in wgmma accumulator layouts, 16 rows per warp; P feeds the second
     # matmul from registers.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = wgmma_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -307,10 +311,8 @@ def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty
     pid_m, n_blocks, first_masked = _tile(Nq, Nk, TILE_M, BLOCK_N, CAUSAL)
     b, h, kvh = _heads(HQ, GROUP)
     row0 = pid_m * TILE_M + GROUP_ID * BLOCK_M
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = wgmma_layout(num_warps, BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(num_warps, HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
