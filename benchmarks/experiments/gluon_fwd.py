@@ -129,6 +129,22 @@ def _pv(p, v_smem, v_bars, j, acc, p_layout: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
+def _overlap_step(q_op, k_smem, k_bars, v_smem, v_bars, j, p, m_i, l_i, acc, s_init, first_masked, q_idx, k_off,
+                  Nq, Nk, qk_scale, p_layout: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Block j's scores and block j-1's P·V issued together; block j's softmax runs while P·V
+    is on the tensor cores. Returns block j's P, the row max and sum, the rescale factor and
+    the accumulator with P·V_{j-1} added (not yet rescaled)."""
+    s = _scores(q_op, k_smem, k_bars, j, s_init, BLOCK_N, HEAD_DIM, STAGES)
+    acc = _pv(p, v_smem, v_bars, j - 1, acc, p_layout, BLOCK_N, HEAD_DIM, STAGES)
+    # wgmma groups retire in order: one outstanding means the scores are done.
+    s = warpgroup_mma_wait(1, deps=(s,))
+    s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    return p, m_i, l_i, alpha, warpgroup_mma_wait(0, deps=(acc,))
+
+
+@gluon.jit
 def _tile(Nq, Nk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """This program's query tile, its number of key blocks and the first block that needs a
     mask (keys past Nk, or past the diagonal). Causal is bottom-right aligned: query i sees
@@ -236,13 +252,9 @@ def gluon_attn_fwd(desc_q, desc_k, desc_v, desc_o, lse_ptr, Nq, Nk, HQ, GROUP, q
         gl.thread_barrier()
         _load_step(desc_k, k_bars, k_smem, STAGES, 0, b, kvh, n_blocks, BLOCK_N, STAGES)
         for j in range(1, n_blocks):
-            s = _scores(q_op, k_smem, k_bars, j, s_init, BLOCK_N, HEAD_DIM, STAGES)
-            acc = _pv(p, v_smem, v_bars, j - 1, acc, p_layout, BLOCK_N, HEAD_DIM, STAGES)
-            # wgmma groups retire in order: one outstanding means the scores are done.
-            s = warpgroup_mma_wait(1, deps=(s,))
-            s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+            p, m_i, l_i, alpha, acc = _overlap_step(q_op, k_smem, k_bars, v_smem, v_bars, j, p, m_i, l_i, acc,
+                                                    s_init, first_masked, q_idx, k_off, Nq, Nk, qk_scale,
+                                                    p_layout, BLOCK_N, HEAD_DIM, STAGES, CAUSAL)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             # Both warp groups are past K_j and V_{j-1} before their slots are refilled.
             gl.thread_barrier()
@@ -332,12 +344,9 @@ def _ws_compute(desc_o, lse_ptr, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty
     s = _mask(s, 0, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
     for j in range(1, n_blocks):
-        s = _scores(q_op, k_smem, k_ready, j, s_init, BLOCK_N, HEAD_DIM, STAGES)
-        acc = _pv(p, v_smem, v_ready, j - 1, acc, p_layout, BLOCK_N, HEAD_DIM, STAGES)
-        s = warpgroup_mma_wait(1, deps=(s,))
-        s = _mask(s, j, first_masked, q_idx, k_off, Nq, Nk, BLOCK_N, CAUSAL)
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        p, m_i, l_i, alpha, acc = _overlap_step(q_op, k_smem, k_ready, v_smem, v_ready, j, p, m_i, l_i, acc, s_init,
+                                                first_masked, q_idx, k_off, Nq, Nk, qk_scale, p_layout, BLOCK_N,
+                                                HEAD_DIM, STAGES, CAUSAL)
         gl.thread_barrier()  # every warp of this partition is done with K_j and V_{j-1}
         mbarrier.arrive(k_empty.index(j % STAGES), count=1)
         mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
