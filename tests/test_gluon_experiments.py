@@ -1,8 +1,10 @@
 """The Gluon experiments (benchmarks/experiments/gluon_fwd.py, gluon_bwd.py) compile for sm90
-without a GPU, and their machine code does what they are for: the overlapped forms wait for
-one wgmma group while another is in flight, the serial control never does, and the
-warp-specialised form moves registers between partitions. What they compute is checked on
-the GPU by the experiments themselves (they run each variant through flash-attention's rule)."""
+without a GPU, and their machine code is what they are for: the overlapped forms wait for
+one wgmma group while another is in flight, the serial control never does, the backward
+kernels' exponentials run under their dP matmul, and the warp-specialised form moves registers between
+partitions. (In the forward kernels ptxas moves the wait for P·V ahead of the
+exponentials; docs/perf-notes.md, v20.) What they compute is checked on the GPU by the
+experiments themselves (they run each variant through flash-attention's rule)."""
 
 import json
 import os
@@ -14,8 +16,8 @@ from pathlib import Path
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "benchmarks" / "experiments"
 
 # Runs in a child without TRITON_INTERPRET: Gluon kernels only compile.
-_CHILD = textwrap.dedent("""
-    import importlib.util, json, sys
+_CHILD = textwrap.dedent(r"""
+    import importlib.util, json, re, sys
     from pathlib import Path
 
     def load(name):
@@ -31,10 +33,16 @@ _CHILD = textwrap.dedent("""
             ("fwd serial", fwd.compiled((128, 128, 2, "serial"), 128, False)),
             ("fwd ws2 causal", fwd.compiled((128, 128, 2, "ws2"), 128, True)),
             ("bwd dkdv overlap causal", bwd.compiled("dkdv", (128, 64, 2, "overlap"), 128, True)),
-            ("bwd dq overlap", bwd.compiled("dq", (128, 64, 2, "overlap"), 64, False))):
+            ("bwd dq overlap", bwd.compiled("dq", (128, 64, 2, "overlap"), 64, False)),
+            ("bwd dq serial", bwd.compiled("dq", (128, 64, 2, "serial"), 64, False))):
         regs, spill, sass = fwd.resources(kernel, "k")
+        # In SASS order, the waits for <= 1 (W) and for 0 (Z) outstanding wgmma groups, and the
+        # exponentials (E): an E after a W and before the next Z runs while a matmul is in flight.
+        waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([01])|(MUFU\.EX2)", sass)
+        order = "".join("E" if ex2 else "WZ"[wait == "0"] for wait, ex2 in waits)
         out[name] = {"registers": regs, "spill": spill, "hgmma": sass.count("HGMMA"),
-                     "wait_one": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, "setmaxnreg": "USETMAXREG" in sass}
+                     "wait_one": "W" in order, "exp_under_mma": re.search("W[^Z]*E", order) is not None,
+                     "setmaxnreg": "USETMAXREG" in sass}
     print(json.dumps(out))
 """)
 
@@ -50,3 +58,6 @@ def test_gluon_experiments_compile_for_sm90_and_overlap_their_matmuls():
     assert got["fwd overlap"]["wait_one"] and not got["fwd serial"]["wait_one"]
     assert got["fwd ws2 causal"]["setmaxnreg"] and got["fwd ws2 causal"]["wait_one"]
     assert got["bwd dkdv overlap causal"]["wait_one"] and got["bwd dq overlap"]["wait_one"]
+    # The backward's exponentials run while its dP matmul is in flight; the serial control's do not.
+    assert got["bwd dkdv overlap causal"]["exp_under_mma"] and got["bwd dq overlap"]["exp_under_mma"]
+    assert not got["bwd dq serial"]["exp_under_mma"]

@@ -5,6 +5,9 @@ Plain Triton waits for each score matmul before its softmax, so tensor cores and
 take turns (perf-notes, "Profile: the forward against cuDNN's"). Here, with OVERLAP, block j's
 scores Q·K_jᵀ and block j-1's P·V run asynchronously (wgmma), and the softmax of block j runs
 while P·V is still on the tensor cores; only the rescale of the accumulator waits for it.
+That is the order in the PTX; ptxas (Triton 3.6's) moves the wait for P·V ahead of the
+softmax in the SASS, in every form here (docs/perf-notes.md, v20), so only ws2's two warp
+groups, which hand slots back independently, can still take turns with each other.
 Without OVERLAP the same kernel waits for every matmul at once, as plain Triton does. The
 warp-specialised forms add a loader warp (24 registers) that fills the ring, so that the
 compute warps (240 registers) never stop to issue loads: FlashAttention-3's split.
