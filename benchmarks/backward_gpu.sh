@@ -2,7 +2,7 @@
 # The backward pass's GPU measurements in one run, each step time-boxed so that one slow
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
-# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests dqab tplab sweep tune fwd
+# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests gluon-tests dqab tplab sweep tune fwd
 #        fp8 gluon gluon-odd gluon-bwd bench fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole
 #        GPU suite. "fwd", "bench" and "fwdbwd" time the forward, the backward and both; "fp8" the fp8
 #        forward against fa2gen's own bf16 and cuDNN, where its time goes, and its accuracy; "gluon"
@@ -13,7 +13,8 @@
 #        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
 #        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
 #        built-in grid) into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS
-#        (default 400).
+#        (default 400), $TUNE_TRIALS (default 16) trials per bucket. "gluon-tests" runs the Gluon
+#        forward's GPU tests alone.
 #        "fwd", "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
 # One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
 # (benchmarks/on_gpus.sh). $BUDGET_SECONDS caps the whole run: a step gets what is left of it,
@@ -48,6 +49,7 @@ bench_dtypes() {  # mode name: the canonical grid in each of $BENCH_DTYPES, side
 for step in $steps; do
   case $step in
     tests) run gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    gluon-tests) run gluon-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gluon_forward.py ;;
     dqab) run dq-ab 300 python3 benchmarks/dq_ab.py --out "$out/dq-ab-fp16.json" ;;
     tplab)
       for dt in ${BENCH_DTYPES:-fp16 bf16}; do
@@ -70,7 +72,7 @@ for step in $steps; do
         mkdir -p "$state" && python3 -m fa2gen import tuned_configs/sm90/NVIDIA_H200.yaml --db "$state/tuned.sqlite"
       fi
       run "tune-$dirs" "$(( tune_s + 60 ))" bash benchmarks/tune_slice.sh "$state" \
-        "$out/tune" "$tune_s" --directions "$dirs" --trials 16 ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
+        "$out/tune" "$tune_s" --directions "$dirs" --trials "${TUNE_TRIALS:-16}" ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
     fwd) bench_dtypes fwd fwd ;;

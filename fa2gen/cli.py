@@ -267,7 +267,8 @@ def tune(
     grid: Annotated[Optional[Path], typer.Option(help="YAML file of problems to tune (default: built-in grid)")] = None,
     directions: Annotated[Optional[str], typer.Option(
         help="fwd, bwd or fwd,bwd (default: fwd for the built-in grid, every direction of a --grid file)")] = None,
-    trials: Annotated[int, typer.Option(help="finished trials per bucket (pruned ones count)")] = 40,
+    trials: Annotated[int, typer.Option(help="finished trials per bucket: measured, or rejected by the compiler or the "
+                                                   "correctness check (points the static rules prune cost nothing)")] = 40,
     time_budget: Annotated[Optional[float], typer.Option(help="stop after this many seconds in all")] = None,
     db: Annotated[Optional[Path], typer.Option(help="results database (default: FA2GEN_DB or the user cache)")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL for the studies")] = None,

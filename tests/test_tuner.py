@@ -512,3 +512,34 @@ def test_persistent_grids_are_searched_on_sm90_forward_only():
     moves = local_moves(space_for("sm90"), bucket_default(B4K, "sm90"))
     assert {m.persistent for m in moves} == {0, 2}  # the default's one step up
     assert not any(m.persistent for m in local_moves(space_for("sm90", "bwd"), TuningParams(loads="tma_host")))
+
+
+def test_static_prunes_do_not_spend_the_budget(tmp_path):
+    """Points the static rules reject (most of the sm90 space's gluon points) cost nothing:
+    the study runs until its budget of compiled and measured points is spent."""
+    from fa2gen.tuner.study import STATIC
+
+    _, storage, ev, [r] = _tune(tmp_path, [B4K], trials=24)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    decided = [t for t in study.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    static = [t for t in decided if t.user_attrs.get(STATIC)]
+    assert static and all(t.state == TrialState.PRUNED for t in static)
+    assert r.trials == len(decided) - len(static) == 24
+
+
+def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
+    """After a template change the bucket's old winner is measured first, and every sm90
+    forward study measures the Gluon candidates its bucket can run."""
+    from fa2gen.store.records import Entry, Measurement
+    from fa2gen.tuner.space import GLUON_CANDIDATES
+
+    db = TunedDB(tmp_path / "tuned.sqlite")
+    old = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=4, loads="pointer")
+    stale = Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210")
+    db.put([Entry(validity=stale, bucket=B4K, params=old, measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
+                  default_ms=1.2, trials=5)])
+    _, storage, _, _ = _tune(tmp_path, [B4K], trials=6)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
+    assert first[0] == bucket_default(B4K, "sm90") and first[1] == old
+    assert set(GLUON_CANDIDATES) <= set(first[:6])

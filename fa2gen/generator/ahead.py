@@ -96,6 +96,9 @@ def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
 
 
 def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
+    if params.gluon:
+        return {"HEAD_DIM": spec.head_dim, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n,
+                "STAGES": params.num_stages}
     dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
     if kernel == "attn_fwd":
         return {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n}
@@ -114,6 +117,9 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
     from triton.compiler import ASTSource
 
     module = load_module(spec, params)
+    if params.gluon:
+        yield "attn_fwd", _compile_gluon(module, spec, params, arch)
+        return
     for name in kernels_of(spec, params):
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
@@ -122,6 +128,39 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
         signature = _signature(fn, constexprs, spec, params)
         source = ASTSource(fn, signature=signature, constexprs=constexprs, attrs=_attrs(fn, signature, spec))
         yield name, triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
+
+
+def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str):
+    # The Gluon forward takes host descriptors whose shared-memory layout is part of their
+    # type; the launch options (warps of the default partition, register limit) are the module's.
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .gluon import descriptor_layout
+
+    fn = module.attn_fwd
+    element = _TRITON_TYPES[spec.dtype]
+    constexprs = {**_constexprs(spec, params, "attn_fwd"), "num_warps": module.LAUNCH["num_warps"]}
+    rows = {"Q": module.Q_ROWS, "O": module.Q_ROWS, "K": params.block_n, "V": params.block_n}
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in rows:
+            block = [1, 1, rows[name], spec.head_dim]
+            signature[name] = f"tensordesc<{element}[{','.join(map(str, block))}],{descriptor_layout(block, spec.dtype)!r}>"
+        elif name == "LSE":
+            signature[name] = "*fp32"
+        elif name == "sm_scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    attrs = {(fn.arg_names.index("LSE"),): [["tt.divisibility", 16]]}
+    source = GluonASTSource(fn, signature, keys, attrs)
+    options = {"num_warps": module.LAUNCH["num_warps"], "maxnreg": module.LAUNCH["maxnreg"]}
+    return triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
 
 
 def nvidia_tool(name: str) -> str:

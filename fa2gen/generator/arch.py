@@ -13,6 +13,7 @@ class ArchInfo:
     smem_bytes: int  # opt-in shared memory per block
     has_tma: bool
     has_fp8: bool  # e4m3 tensor-core matmuls
+    has_wgmma: bool = False  # Hopper's warp-group matmuls, which the Gluon forward issues
     max_warps: int = 16
 
 
@@ -20,7 +21,7 @@ ARCHES: dict[str, ArchInfo] = {
     "sm80": ArchInfo("sm80", 163 * 1024, False, False),
     "sm86": ArchInfo("sm86", 99 * 1024, False, False),
     "sm89": ArchInfo("sm89", 99 * 1024, False, True),
-    "sm90": ArchInfo("sm90", 227 * 1024, True, True),
+    "sm90": ArchInfo("sm90", 227 * 1024, True, True, has_wgmma=True),
 }
 
 
@@ -64,6 +65,8 @@ def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:
     info = ARCHES.get(arch)
     if info is None:
         return f"unknown arch {arch!r}"
+    if params.gluon and not info.has_wgmma:
+        return f"the Gluon forward issues Hopper's wgmma; {arch} has none"
     if params.loads in TMA_LOADS and not info.has_tma:
         return f"tma loads need sm90+, {arch} has none"
     if spec.fp8 and not info.has_fp8:

@@ -58,6 +58,8 @@ class Variant:
             parts.append(f"dq{p.dq_mode}")
         if p.persistent:
             parts.append(f"persistent{p.persistent}")
+        if p.gluon:
+            parts.append(f"gluon{p.gluon}")
         parts.append(self.digest)
         return "_".join(parts)
 

@@ -10,8 +10,12 @@ import jinja2
 
 from .spec import KernelSpec, SpecError, TuningParams, unsupported
 
-# One template per direction.
+# Each direction's Triton template, and the forward's Gluon one (TuningParams.gluon > 0).
 TEMPLATES = {"fwd": "attn_fwd.py.jinja", "bwd": "attn_bwd.py.jinja"}
+GLUON_TEMPLATE = "attn_fwd_gluon.py.jinja"
+# The other templates a direction renders from. A tuned entry chose among all of its
+# direction's templates, so the direction's hash covers them all.
+EXTRA_TEMPLATES = {"fwd": (GLUON_TEMPLATE,), "bwd": ()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -27,14 +31,25 @@ def _environment() -> jinja2.Environment:
 
 
 @functools.lru_cache(maxsize=None)
+def _file_source(filename: str) -> str:
+    return resources.files("fa2gen").joinpath("templates", filename).read_text()
+
+
 def template_source(direction: str) -> str:
-    return resources.files("fa2gen").joinpath("templates", TEMPLATES[direction]).read_text()
+    """Source of a direction's Triton template."""
+    return _file_source(TEMPLATES[direction])
+
+
+def template_file(spec: KernelSpec, params: TuningParams) -> str:
+    return GLUON_TEMPLATE if params.gluon else TEMPLATES[spec.direction]
 
 
 @functools.lru_cache(maxsize=None)
 def template_hash(direction: str) -> str:
-    """Digest of a direction's template source (the cache key's template component)."""
-    return hashlib.sha256(template_source(direction).encode()).hexdigest()[:16]
+    """Digest of the sources a direction renders from (the cache key's template component):
+    its Triton template, then any others in ``EXTRA_TEMPLATES`` order."""
+    sources = [template_source(direction)] + [_file_source(f) for f in EXTRA_TEMPLATES[direction]]
+    return hashlib.sha256("".join(sources).encode()).hexdigest()[:16]
 
 
 def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
@@ -44,7 +59,7 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
     why = unsupported(spec, params)
     if why:
         raise SpecError(why)
-    template = _environment().get_template(TEMPLATES[spec.direction])
+    template = _environment().get_template(template_file(spec, params))
     return template.render(
         name=name,
         spec_repr=repr(spec.to_dict()),  # validated scalars only: a safe Python literal

@@ -24,6 +24,9 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 NUM_WARPS = (1, 2, 4, 8, 16)
 NUM_STAGES = (1, 2, 3, 4, 5)
 PERSISTENT = (0, 1, 2)  # programs per SM of a persistent forward grid; 0: one program per tile
+GLUON = (0, 1, 2)  # compute partitions of the Gluon forward; 0: the Triton template
+GLUON_HEAD_DIMS = (64, 128)
+GLUON_TILES = (64, 128)
 
 
 class SpecError(ValueError):
@@ -116,6 +119,13 @@ class TuningParams:
     persistent (forward only): 0 launches one program per (query block, batch * head) tile;
         1 or 2 launch that many programs per SM, each walking tiles in turn, the heaviest
         causal tiles of every head first.
+    gluon (forward only, sm90): 0 renders the Triton template. 1 or 2 render the Gluon
+        template, a warp-specialised kernel: one loader warp streams K and V through the TMA
+        into a ring of num_stages slots while the compute warps (block_m // 16, 16 query rows
+        each) run the matmuls and the softmax. With 2, each 64-row warp group is a partition
+        of its own and hands ring slots back on its own, so one group's softmax can run while
+        the other's matmuls occupy the tensor cores. It reads through host descriptors
+        (loads="tma_host"), for fp16/bf16, head dims 64 and 128, no mask or causal.
     """
 
     block_m: int = 64
@@ -125,6 +135,7 @@ class TuningParams:
     loads: str = "pointer"
     dq_mode: str = "separate"
     persistent: int = 0
+    gluon: int = 0
 
     def __post_init__(self) -> None:
         _check_choice("TuningParams", "block_m", self.block_m, BLOCK_SIZES)
@@ -134,6 +145,7 @@ class TuningParams:
         _check_choice("TuningParams", "loads", self.loads, LOADS)
         _check_choice("TuningParams", "dq_mode", self.dq_mode, DQ_MODES)
         _check_choice("TuningParams", "persistent", self.persistent, PERSISTENT)
+        _check_choice("TuningParams", "gluon", self.gluon, GLUON)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TuningParams":
@@ -146,11 +158,12 @@ class TuningParams:
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
-        """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic" or " persistent2"
-        (say) when set."""
+        """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic", " persistent2"
+        or " gluon2" (say) when set."""
         text = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} {self.loads}"
         text += "" if self.dq_mode == "separate" else f" dq-{self.dq_mode}"
-        return text + (f" persistent{self.persistent}" if self.persistent else "")
+        text += f" persistent{self.persistent}" if self.persistent else ""
+        return text + (f" gluon{self.gluon}" if self.gluon else "")
 
 
 # The backward's memory-bound passes (delta = rowsum(dO * O), and the atomic path's dQ
@@ -189,6 +202,30 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "fp8 needs block_n >= 32 (its P @ V matmul reduces over 32 keys at a time)"
     if spec.fp8 and spec.head_dim_padded < 32:
         return "fp8 needs head_dim > 16 (its Q @ K^T matmul reduces over 32 columns at a time)"
+    if params.gluon:
+        return _gluon_unsupported(spec, params)
+    return None
+
+
+def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
+    if spec.direction != "fwd":
+        return "gluon is a forward knob; the backward takes the default 0"
+    if spec.dtype not in ("fp16", "bf16"):
+        return f"the Gluon forward takes fp16 or bf16, not {spec.dtype}"
+    if spec.mask not in ("none", "causal") or spec.softcap:
+        return "the Gluon forward takes no mask or a causal one, without softcap"
+    if spec.head_dim not in GLUON_HEAD_DIMS:
+        return f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
+    if params.loads != "tma_host" or params.persistent:
+        return "the Gluon forward reads through host descriptors on a plain grid: loads=tma_host, persistent=0"
+    if params.block_m not in GLUON_TILES or params.block_n not in GLUON_TILES:
+        return f"the Gluon forward's tiles are {GLUON_TILES} rows"
+    if params.gluon == 2 and params.block_m != 128:
+        return "gluon=2 splits block_m=128 into two 64-row warp groups"
+    if params.num_warps != params.block_m // 16:
+        return "the Gluon forward runs block_m // 16 compute warps (16 query rows each)"
+    if params.num_stages < 2:
+        return "the Gluon forward's K/V ring needs num_stages >= 2"
     return None
 
 
@@ -196,7 +233,8 @@ def param_space(spec: KernelSpec) -> list[TuningParams]:
     """Every TuningParams point that renders for ``spec``. Which of them suit an arch is
     the tuner's business (``fa2gen.tuner.space``)."""
     points = [
-        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld, dq_mode=dq, persistent=ps)
+        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld, dq_mode=dq, persistent=ps,
+                     gluon=g)
         for bm in BLOCK_SIZES
         for bn in BLOCK_SIZES
         for w in NUM_WARPS
@@ -204,5 +242,6 @@ def param_space(spec: KernelSpec) -> list[TuningParams]:
         for ld in LOADS
         for dq in DQ_MODES
         for ps in PERSISTENT
+        for g in GLUON
     ]
     return [p for p in points if unsupported(spec, p) is None]

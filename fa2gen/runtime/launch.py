@@ -57,6 +57,22 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
+# The Gluon forward's grid puts batch * heads on its second axis, which CUDA caps.
+_GRID_Y_MAX = 65535
+
+
+def gluon_ready(problem: Problem, *tensors: torch.Tensor) -> bool:
+    """Whether the Gluon forward can run this call: compiled Triton on a Hopper GPU (wgmma
+    exists on sm90 only), tensors a descriptor can address, and a grid CUDA accepts."""
+    t = tensors[0]
+    if interpreting() or t.device.type != "cuda" or problem.batch * problem.heads_q > _GRID_Y_MAX:
+        return False
+    from .device import cuda_device_info
+
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return cuda_device_info(index).capability[0] == 9 and tma_compatible(*tensors)
+
+
 def host_descriptor(t: torch.Tensor, rows: int, cols: int):
     """A host tensor descriptor over a whole 4-D tensor, (B, H, N, D) or fp8's transposed V
     (B, H, D, N), with (rows x cols) blocks: rows and columns past its last two dims read as
@@ -92,7 +108,8 @@ class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
-    __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "_fallback")
+    __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "layouts",
+                 "_fallback")
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
         """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
@@ -101,6 +118,10 @@ class Launch:
         self.params = params
         self.spec = spec = problem.kernel_spec()
         self.module = None  # loaded on first run: the interpreter check happens there
+        self._fallback = None
+        if params.gluon:
+            self._init_gluon(problem, params)
+            return
         dp = spec.head_dim_padded
         left, right = window_extents(problem)
         # In the kernel's argument order: Hq, group, Nq, Nk, sm_scale, softcap, win_left, win_right.
@@ -124,12 +145,30 @@ class Launch:
         # Descriptor blocks of q, k, v and out; fp8's V is transposed, (D x keys) blocks.
         v_block = (dp, params.block_n) if spec.fp8 else (params.block_n, dp)
         self.blocks = ((params.block_m, dp), (params.block_n, dp), v_block, (params.block_m, dp))
-        self._fallback = None
+
+    def _init_gluon(self, problem: Problem, params: TuningParams) -> None:
+        # (query tiles, batch * heads); each compute partition's Q and O boxes hold its rows
+        self.grid = (-(-problem.seqlen_q // params.block_m), problem.batch * problem.heads_q)
+        self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale)
+        self.constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
+                               STAGES=params.num_stages)
+        rows = params.block_m // params.gluon
+        self.blocks = tuple([1, 1, r, problem.head_dim] for r in (rows, params.block_n, params.block_n, rows))
+        self.layouts = None  # built with the module, on the first run
 
     def fallback(self) -> "Launch":
-        """The same launch with pointer loads, for tensors descriptors cannot address."""
+        """The launch to run where this one cannot: with pointer loads for tensors descriptors
+        cannot address; the Triton template's default where the Gluon forward cannot run."""
         if self._fallback is None:
-            self._fallback = Launch(self.problem, effective_params(self.spec, self.params))
+            if self.params.gluon:
+                from .defaults import default_params
+                from .device import cuda_device_info
+
+                arch = "cpu" if interpreting() else cuda_device_info(torch.cuda.current_device()).arch
+                params = default_params(self.spec, arch, self.problem.seqlen_q)
+            else:
+                params = effective_params(self.spec, self.params)
+            self._fallback = Launch(self.problem, params)
         return self._fallback
 
     def run(self, q, k, v, out, lse, *, descales=None, compile_only: bool = False) -> None:
@@ -140,6 +179,10 @@ class Launch:
         self._launch(q, k, v, out, lse, descales, compile_only)
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
+        if self.params.gluon:
+            if not gluon_ready(self.problem, q, k, v, out):
+                return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
+            return self._launch_gluon(q, k, v, out, lse, compile_only)
         if self.params.loads in TMA_LOADS and not tma_compatible(q, k, v, out):
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
         if self.module is None:
@@ -163,6 +206,22 @@ class Launch:
             kernel.warmup(*args, *self.scalars, grid=self.grid, **self.constexprs)
         else:
             kernel[self.grid](*args, *self.scalars, **self.constexprs)
+
+    def _launch_gluon(self, q, k, v, out, lse, compile_only: bool) -> None:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        if self.module is None:
+            from ..generator.gluon import descriptor_layout
+
+            self.module = load_module(self.spec, self.params)
+            self.layouts = tuple(descriptor_layout(block, self.spec.dtype) for block in self.blocks)
+        args = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+                for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)]
+        kernel = self.module.attn_fwd
+        if compile_only:
+            kernel.warmup(*args, lse, *self.scalars, grid=self.grid, **self.constexprs, **self.module.LAUNCH)
+        else:
+            kernel[self.grid](*args, lse, *self.scalars, **self.constexprs, **self.module.LAUNCH)
 
 
 def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False,

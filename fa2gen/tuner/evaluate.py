@@ -81,7 +81,7 @@ class CostModelEvaluator:
     """Stands in for the GPU in CPU tests of the tuner.
 
     Cost (ms) of a candidate = base * (1 + 0.25 * distance to ``optimum``) over tiles, warps,
-    stages, load path, dQ mode and persistent grid, smooth with a single optimum (default block_m 128, block_n 64,
+    stages, load path, dQ mode, persistent grid and Gluon partitions, smooth with a single optimum (default block_m 128, block_n 64,
     4 warps, 2 stages, tma_host, dQ separate), multiplied by the bucket's FLOPs so that buckets differ.
     Candidates with ``num_warps == 8 and num_stages == 3 and loads == "tma_device"`` "fail to
     compile" and those with ``block_m == 32 and block_n == 64 and num_stages == 1`` "compute a
@@ -99,7 +99,7 @@ class CostModelEvaluator:
         d = (abs(math.log2(p.block_m) - math.log2(o.block_m)) + abs(math.log2(p.block_n) - math.log2(o.block_n))
              + 0.5 * abs(math.log2(p.num_warps) - math.log2(o.num_warps)) + 0.3 * abs(p.num_stages - o.num_stages)
              + (0.0 if p.loads == o.loads else 0.4) + (0.0 if p.dq_mode == o.dq_mode else 0.3)
-             + 0.2 * abs(p.persistent - o.persistent))
+             + 0.2 * abs(p.persistent - o.persistent) + 0.2 * abs(p.gluon - o.gluon))
         return flops(bucket) / 400e12 * 1e3 * (1.0 + 0.25 * d)
 
     def compile(self, bucket, candidates):

@@ -15,7 +15,7 @@ from ..store.buckets import Bucket
 from ..store.db import TunedDB
 from ..store.records import Entry, Validity
 from .evaluate import Evaluator
-from .space import SearchSpace, local_moves, prune_reason, space_for
+from .space import SearchSpace, gluon_candidates, local_moves, prune_reason, space_for
 from .study import BucketResult, study_name, tune_bucket
 
 NEIGHBOURS = 3  # best configs of the nearest tuned buckets enqueued as warm starts
@@ -97,6 +97,20 @@ def _moves(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list[Tu
     return [p for p in local_moves(space, default) if prune_reason(space, spec, bucket, p) is None]
 
 
+def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket) -> list[TuningParams]:
+    """The winners stored for this bucket on this device under other Triton versions,
+    templates or schemas, newest first: after a template change, re-tuning measures the
+    old winner at once."""
+    entries = [e for e in db.entries(device=validity.device, capability=validity.capability, bucket=bucket.key)
+               if e.validity != validity]
+    entries.sort(key=lambda e: e.created_at, reverse=True)
+    out: list[TuningParams] = []
+    for e in entries:
+        if e.params not in out:
+            out.append(e.params)
+    return out
+
+
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
     """Best params of the nearest already-tuned buckets of the same kernel."""
     entries = [e for e in db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
@@ -141,11 +155,13 @@ def tune(
             except KeyError:
                 pass
         default = bucket_default(bucket, space.arch)
+        spec = bucket.kernel_spec()
+        earlier = [p for p in earlier_params(db, validity, bucket) if prune_reason(bucket_space, spec, bucket, p) is None]
         result = tune_bucket(
             bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
-            warm_start=(_dq_twins(bucket, default, bucket_space) + neighbour_params(db, validity, bucket)
-                        + _moves(bucket, default, bucket_space)),
+            warm_start=(earlier + _dq_twins(bucket, default, bucket_space) + neighbour_params(db, validity, bucket)
+                        + gluon_candidates(bucket_space, spec, bucket) + _moves(bucket, default, bucket_space)),
             default=default,
             on_progress=on_progress,
         )

@@ -24,6 +24,7 @@ class SearchSpace:
     loads: tuple[str, ...]
     dq_mode: tuple[str, ...] = ("separate",)  # the backward's; the forward has one choice
     persistent: tuple[int, ...] = (0,)  # the forward's programs per SM; 0: one per tile
+    gluon: tuple[int, ...] = (0,)  # the forward's Gluon compute partitions; 0: the Triton template
 
     def choices(self) -> dict[str, tuple]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
@@ -50,11 +51,12 @@ SPACES = {
     "sm80": SearchSpace("sm80", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4, 5), ("pointer",)),
     "sm86": SearchSpace("sm86", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
     "sm89": SearchSpace("sm89", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
-    # Hopper: 228 KB, warp groups of 4 warps, three load paths, and persistent grids of two
-    # programs per SM. One per SM halves occupancy and measured 0.32-0.78x the plain grid on
-    # the H200 (benchmarks/results/persistent-ab-h200.txt), so it is not searched.
+    # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids of two
+    # programs per SM, and the warp-specialised Gluon forward. One program per SM halves
+    # occupancy and measured 0.32-0.78x the plain grid on the H200
+    # (benchmarks/results/persistent-ab-h200.txt), so it is not searched.
     "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
-                        persistent=(0, 2)),
+                        persistent=(0, 2), gluon=(0, 1, 2)),
 }
 
 
@@ -116,7 +118,7 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
     down and up (tile sizes halved and doubled, one stage fewer and more), every other
     value of the unordered ones. Ordered by knob as the H200's backward winners differ most
     from one bucket to the next: loop step, stages, load path, warps, then owned rows."""
-    order = ["block_n", "num_stages", "loads", "num_warps", "block_m", "dq_mode", "persistent"]
+    order = ["block_n", "num_stages", "loads", "num_warps", "block_m", "dq_mode", "persistent", "gluon"]
     moves = []
     for name in order:
         values = space.choices()[name]
@@ -128,6 +130,25 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
             others = [v for v in values if v != current]
         moves += [params.replace(**{name: v}) for v in others]
     return [m for m in moves if space.contains(m)]
+
+
+# The Gluon forward's candidates every study of a space with it measures, however few its
+# trials: most of the space's gluon points fail the template's rules (warps fixed by block_m,
+# host descriptors only), so a sampler alone rarely proposes a valid one. On the H200
+# (benchmarks/results/gluon/gluon-fwd-h200.json) two 64-row partitions on 128 x 128 tiles with
+# two stages won 10 of 12 canonical cells among the Gluon forms, and one 64-row partition
+# on 64 x 64 tiles with three stages was next at D=128. (One 64-row partition on 64 x 128
+# tiles spills at D=128 under its 128-register limit.)
+GLUON_CANDIDATES = (
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1),
+    TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+)
+
+
+def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> list[TuningParams]:
+    """The Gluon candidates that ``space`` holds and ``bucket`` can run."""
+    return [p for p in GLUON_CANDIDATES if prune_reason(space, spec, bucket, p) is None]
 
 
 def space_for(arch: str, direction: str = "fwd") -> SearchSpace:

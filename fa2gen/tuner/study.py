@@ -29,6 +29,8 @@ from .space import SearchSpace, prune_reason
 
 log = logging.getLogger(__name__)
 DECIDED = (TrialState.COMPLETE, TrialState.PRUNED)
+STATIC = "static_prune"  # user attr of a trial the static rules pruned (never compiled)
+MAX_ASKS_PER_TRIAL = 50
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class BucketResult:
     best: TuningParams | None
     measurement: Measurement | None
     default_ms: float | None
-    trials: int  # decided (measured or pruned) trials in the study
+    trials: int  # decided trials in the study that the static rules did not prune
     measured: int  # trials measured by this run
 
 
@@ -202,17 +204,22 @@ def tune_bucket(
     measured = 0
 
     def finished() -> int:
-        # Only decided trials spend the budget: failed ones (cut off, interrupted) run again.
-        return len(study.get_trials(deepcopy=False, states=DECIDED))
+        # Only decided trials spend the budget: failed ones (cut off, interrupted) run again,
+        # and points the static rules prune cost nothing. (A knob valid with few values of the
+        # others, such as gluon, would otherwise spend most of a small budget on prunes.)
+        return sum(1 for t in study.get_trials(deepcopy=False, states=DECIDED) if not t.user_attrs.get(STATIC))
 
     def best_value() -> float | None:
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         return min((t.value for t in done), default=None)
 
     exhausted = len(seen) >= space.size()
-    while not exhausted and finished() < trials and (deadline is None or time.time() < deadline):
+    asks = 0  # static prunes do not spend the budget: this bounds a sampler stuck proposing them
+    while (not exhausted and finished() < trials and asks < MAX_ASKS_PER_TRIAL * trials
+           and (deadline is None or time.time() < deadline)):
         round_trials = []
         for _ in range(min(batch, trials - finished())):
+            asks += 1
             try:
                 trial = study.ask(distributions)
             except RuntimeError:  # brute force: every point has been tried
@@ -230,6 +237,8 @@ def tune_bucket(
                     seen[params] = _tell(study, trial, previous.value)
                 else:
                     _attr(trial, "prune_reason", previous.user_attrs.get("prune_reason", "duplicate"))
+                    if previous.user_attrs.get(STATIC):
+                        _attr(trial, STATIC, True)
                     seen[params] = _tell(study, trial, state=TrialState.PRUNED)
                 continue
             if any(params == p for _, p in round_trials):
@@ -242,6 +251,7 @@ def tune_bucket(
             why = fits(spec, params, space.arch) if params == default else prune_reason(space, spec, bucket, params)
             if why:
                 _attr(trial, "prune_reason", why)
+                _attr(trial, STATIC, True)
                 seen[params] = _tell(study, trial, state=TrialState.PRUNED)
                 continue
             round_trials.append((trial, params))

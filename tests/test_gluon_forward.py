@@ -1,0 +1,249 @@
+"""The Gluon forward (TuningParams.gluon > 0): its rules, rendering, identity, ahead-of-time
+compile for sm90 (on CPU), its fallbacks, the tuner's use of it, and on the GPU (marker
+``gpu``) its results by flash-attention's rule on odd shapes, and gradients through it."""
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from fa2gen.generator import rendering
+from fa2gen.generator.arch import fits
+from fa2gen.generator.identity import Variant
+from fa2gen.generator.rendering import render, template_hash
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
+from fa2gen.tuner.space import GLUON_CANDIDATES, gluon_candidates, prune_reason, space_for
+from fa2gen.store.buckets import Bucket
+
+WS2 = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2)
+WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1)
+
+
+@pytest.mark.parametrize("spec,params,match", [
+    (KernelSpec(direction="bwd", head_dim=64), WS2, "forward knob"),
+    (KernelSpec(dtype="fp8e4m3", head_dim=128), WS2, "fp16 or bf16"),
+    (KernelSpec(head_dim=64, mask="local"), WS2, "causal"),
+    (KernelSpec(head_dim=64, softcap=True), WS2, "softcap"),
+    (KernelSpec(head_dim=80), WS2, "head dims"),
+    (KernelSpec(head_dim=256), WS2, "head dims"),
+    (KernelSpec(head_dim=64), WS2.replace(loads="pointer"), "tma_host"),
+    (KernelSpec(head_dim=64), WS2.replace(persistent=2), "persistent=0"),
+    (KernelSpec(head_dim=64), WS2.replace(block_n=32), "tiles"),
+    (KernelSpec(head_dim=64), WS1.replace(gluon=2), "two 64-row warp groups"),
+    (KernelSpec(head_dim=64), WS2.replace(num_warps=4), "compute warps"),
+    (KernelSpec(head_dim=64), WS1.replace(num_stages=1), "num_stages >= 2"),
+])
+def test_rules_name_what_the_gluon_forward_cannot_do(spec, params, match):
+    assert match in unsupported(spec, params)
+    with pytest.raises(SpecError, match=match):
+        render(spec, params, name="x")
+
+
+def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
+    points = [p for p in param_space(KernelSpec(dtype="bf16", head_dim=128, mask="causal")) if p.gluon]
+    # (64 | 128 rows, 1 partition) or (128 rows, 2), x 2 widths x 4 stage counts
+    assert len(points) == 3 * 2 * 4
+    assert all(p.loads == "tma_host" and p.num_warps == p.block_m // 16 and not p.persistent for p in points)
+    spec = KernelSpec(dtype="bf16", head_dim=128, mask="causal")
+    bodies = set()
+    for p in points:  # each renders and parses; tiles and stages are constexprs, not code
+        src = render(spec, p, name=Variant(spec, p).name)
+        ast.parse(src)
+        bodies.add(src.split("\nLN2 = ", 1)[1])
+    assert len(bodies) == 1
+    assert not [p for p in param_space(KernelSpec(head_dim=96)) if p.gluon]
+    assert not [p for p in param_space(KernelSpec(direction="bwd", head_dim=64)) if p.gluon]
+    with pytest.raises(SpecError, match="gluon"):
+        TuningParams(gluon=3)
+    with pytest.raises(SpecError, match="gluon"):
+        TuningParams(gluon=True)
+
+
+def test_only_hopper_runs_it():
+    spec = KernelSpec(head_dim=128)
+    assert fits(spec, WS2, "sm90") is None
+    for arch in ("sm80", "sm86", "sm89"):
+        assert "wgmma" in fits(spec, WS2, arch)
+
+
+def test_renders_readable_gluon_with_its_knobs_and_launch():
+    spec = KernelSpec(dtype="bf16", head_dim=128, mask="causal")
+    src = render(spec, WS2, name=Variant(spec, WS2).name)
+    tree = ast.parse(src)
+    assigned = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)}
+    assert ast.literal_eval(assigned["CONFIG"]) == {"BLOCK_M": 128, "BLOCK_N": 128, "STAGES": 2, "GROUPS": 2}
+    assert ast.literal_eval(assigned["LAUNCH"]) == {"num_warps": 4, "maxnreg": 168}
+    assert ast.literal_eval(assigned["Q_ROWS"]) == 64
+    assert "gl.constexpr(True)" in ast.unparse(assigned["CAUSAL"])
+    assert "@gluon.jit" in src and "gl.warp_specialize" in src and "import triton.language" not in src
+    head = src.split("from triton")[0]
+    for knob in ("CAUSAL", "GROUPS", "BLOCK_M", "BLOCK_N", "HEAD_DIM", "STAGES", "num_warps", "maxnreg"):
+        assert knob in head
+    one = render(KernelSpec(head_dim=64), WS1, name="x")
+    assert "gl.constexpr(False)" in one and '"num_warps": 4, "maxnreg": 128' in one
+
+
+def test_identity_and_the_forward_hash_cover_the_gluon_template(monkeypatch):
+    spec = KernelSpec(head_dim=128)
+    names = {Variant(spec, p).name for p in (WS2, WS2.replace(gluon=1, block_m=128), WS2.replace(gluon=0))}
+    assert len(names) == 3 and any("gluon2" in n for n in names)
+    sources = [rendering.template_source("fwd"), rendering._file_source(rendering.GLUON_TEMPLATE)]
+    assert template_hash("fwd") == hashlib.sha256("".join(sources).encode()).hexdigest()[:16]
+    # the backward's hash is its one template's, unchanged by the forward's second template
+    assert template_hash("bwd") == hashlib.sha256(rendering.template_source("bwd").encode()).hexdigest()[:16]
+
+
+# Runs in a child without TRITON_INTERPRET: Gluon kernels only compile.
+_CHILD = textwrap.dedent(r"""
+    import json, subprocess, tempfile
+    from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, spill_bytes
+    from fa2gen.generator.spec import KernelSpec
+    from fa2gen.tuner.space import GLUON_CANDIDATES
+    import re
+    out = []
+    for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal")):
+        for params in GLUON_CANDIDATES:
+            (name, kernel), = compiled_kernels(spec, params, "sm90")
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                report = assemble(kernel, "sm90", cubin.name, name=name)
+                sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                                      text=True).stdout
+            out.append({"label": params.label(), "d": spec.head_dim, "spill": spill_bytes(report),
+                        "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
+                        "hgmma": sass.count("HGMMA"), "setmaxnreg": "USETMAXREG" in sass,
+                        "wait_one": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass})
+    print(json.dumps(out))
+""")
+
+
+def test_compiles_for_sm90_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(got) == 2 * len(GLUON_CANDIDATES)
+    for k in got:
+        # warp-specialised (registers moved between partitions), asynchronous wgmma with one
+        # group left in flight, nothing spilled under the launch's register limit
+        assert k["spill"] == 0 and k["hgmma"] > 0 and k["setmaxnreg"] and k["wait_one"], k
+        assert k["registers"] <= (168 if "m128" in k["label"] else 128), k
+
+
+def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
+    space = space_for("sm90", "fwd")
+    assert space.gluon == (0, 1, 2) and space_for("sm90", "bwd").gluon == (0,)
+    assert space_for("sm80", "fwd").gluon == (0,)
+    long = Bucket.parse("fwd/fp16/d128/causal/sc0/g1/q4096/k4096/bh128")
+    assert gluon_candidates(space, long.kernel_spec(), long) == list(GLUON_CANDIDATES)
+    short = Bucket.parse("fwd/fp16/d128/none/sc0/g1/q64/k64/bh128")
+    assert gluon_candidates(space, short.kernel_spec(), short) == [WS1]
+    other = Bucket.parse("fwd/fp16/d96/none/sc0/g1/q4096/k4096/bh128")
+    assert gluon_candidates(space, other.kernel_spec(), other) == []
+    assert gluon_candidates(space_for("sm80"), long.kernel_spec(), long) == []
+    assert "outside" in prune_reason(space_for("sm80"), long.kernel_spec(), long, WS2)
+
+
+@pytest.mark.interpreter
+def test_interpreter_falls_back_to_the_triton_template():
+    """Gluon has no interpreter: a call given Gluon params runs the Triton template's
+    default, and computes the right answer."""
+    from fa2gen.runtime.launch import Launch, gluon_ready
+    from helpers import rand_qkv, run_and_check
+
+    q, k, v = rand_qkv(1, 2, 1, 37, 45, 64, seed=3)
+    verdict, _, _ = run_and_check(q, k, v, WS1, causal=True)
+    assert verdict.ok, str(verdict)
+    from fa2gen.runtime.problem import make_problem
+
+    problem = make_problem(q, k, v, causal=True)
+    assert not gluon_ready(problem, q, k, v, q)
+    fallback = Launch(problem, WS1).fallback()
+    assert fallback.params.gluon == 0 and fallback.params.block_m == 32
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (sm90)
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+# (B, Hq, Hkv, Nq, Nk, D), causal, layout: GQA, Nq != Nk both ways, rows that see no key,
+# decoding, odd lengths, strided (B, N, H, D) inputs, a long sequence
+ODD = [
+    ((2, 6, 2, 200, 333, 64), False, "bhnd"),
+    ((2, 6, 2, 200, 333, 64), True, "bhnd"),
+    ((1, 4, 4, 1, 257, 128), True, "bhnd"),
+    ((3, 8, 1, 129, 129, 128), True, "bhnd"),
+    ((1, 2, 2, 300, 100, 64), True, "bhnd"),
+    ((2, 4, 4, 257, 257, 128), False, "bnhd"),
+    ((1, 8, 2, 4096 + 33, 4096 + 33, 128), True, "bhnd"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("params", GLUON_CANDIDATES, ids=lambda p: p.label())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
+def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
+    from helpers import rand_qkv, run_and_check
+
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape))
+    verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+def test_gluon_forward_falls_back_where_descriptors_cannot_go():
+    from fa2gen.runtime.launch import Launch, gluon_ready
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_qkv, run_and_check
+
+    q, k, v = rand_qkv(1, 4, 4, 300, 300, 64, device="cuda", seed=9)
+    # a base 2 bytes past a 16-byte boundary: no descriptor can address it
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape).copy_(q)
+    problem = make_problem(shifted, k, v)
+    assert not gluon_ready(problem, shifted, k, v, q) and gluon_ready(problem, q, k, v, q)
+    verdict, _, _ = run_and_check(shifted, k, v, WS2)
+    assert verdict.ok, str(verdict)
+    assert Launch(problem, WS2).fallback().params.gluon == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_through_a_gluon_forward(monkeypatch, causal):
+    """attention() with the Gluon forward dispatched: its LSE feeds the backward."""
+    import fa2gen
+    import fa2gen.runtime.api as api
+    from fa2gen.bench.correctness import check_backward
+    from fa2gen.runtime.dispatch import clear_memo
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_qkv
+
+    chosen = []
+
+    def params(problem, dev, direction="fwd"):
+        chosen.append(WS2)
+        return WS2
+
+    monkeypatch.setattr(api, "select_params", params)
+    clear_memo()
+    q, k, v = rand_qkv(2, 8, 2, 1000 + 37, 1000 + 37, 128, dtype=torch.bfloat16, device="cuda", seed=11)
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fa2gen.attention(q, k, v, causal=causal)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    clear_memo()
+    assert chosen
+    problem = make_problem(q, k, v, causal=causal)
+    verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
+    assert verdict.ok, str(verdict)
