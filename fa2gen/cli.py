@@ -46,18 +46,21 @@ def generate(
         help="bwd only: separate (own dQ kernel), atomic, or tma_reduce (needs --loads tma_host)")] = "separate",
     persistent: Annotated[int, typer.Option(
         help="fwd only: 0 (one program per tile), or 1 or 2 programs per SM walking the tiles")] = 0,
+    gluon: Annotated[int, typer.Option(
+        help="fwd only, sm90: 0 (the Triton template), or 1 or 2 compute partitions of the warp-specialised "
+             "Gluon template (with --loads tma_host, --num-warps block_m/16)")] = 0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[Optional[str], typer.Option(
         help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
              "each kernel's registers, spills and shared memory")] = None,
 ) -> None:
-    """Print the rendered Triton source of one kernel variant."""
+    """Print the rendered Triton (or Gluon) source of one kernel variant."""
     from .generator import KernelSpec, SpecError, TuningParams, Variant, render
 
     try:
         spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
         params = TuningParams(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, loads=loads,
-                              dq_mode=dq_mode, persistent=persistent)
+                              dq_mode=dq_mode, persistent=persistent, gluon=gluon)
         variant = Variant(spec, params)
         source = render(spec, params, name=variant.name)
     except SpecError as e:

@@ -32,6 +32,17 @@ def test_generate_rejects_invalid(args, match):
     assert match in r.output
 
 
+def test_generate_gluon_forward():
+    r = runner.invoke(app, ["generate", "--head-dim", "128", "--mask", "causal", "--gluon", "2", "--block-m", "128",
+                            "--block-n", "128", "--num-warps", "8", "--loads", "tma_host"])
+    assert r.exit_code == 0, r.output
+    tree = ast.parse(r.stdout)
+    assert "attn_fwd" in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert "gl.warp_specialize" in r.stdout and "_gluon2_" in r.stdout
+    r = runner.invoke(app, ["generate", "--head-dim", "128", "--gluon", "2", "--block-m", "128", "--num-warps", "8"])
+    assert r.exit_code == 2 and "tma_host" in r.output
+
+
 def test_generate_to_file(tmp_path):
     out = tmp_path / "k.py"
     r = runner.invoke(app, ["generate", "-o", str(out)])
