@@ -89,7 +89,7 @@ def test_renders_readable_gluon_with_its_knobs_and_launch():
     assert "gl.constexpr(False)" in one and '"num_warps": 4, "maxnreg": 128' in one
 
 
-def test_identity_and_the_forward_hash_cover_the_gluon_template(monkeypatch):
+def test_identity_and_the_forward_hash_cover_the_gluon_template():
     spec = KernelSpec(head_dim=128)
     names = {Variant(spec, p).name for p in (WS2, WS2.replace(gluon=1, block_m=128), WS2.replace(gluon=0))}
     assert len(names) == 3 and any("gluon2" in n for n in names)
@@ -163,8 +163,9 @@ def test_interpreter_falls_back_to_the_triton_template():
 
     problem = make_problem(q, k, v, causal=True)
     assert not gluon_ready(problem, q, k, v, q)
-    fallback = Launch(problem, WS1).fallback()
-    assert fallback.params.gluon == 0 and fallback.params.block_m == 32
+    from fa2gen.runtime.defaults import default_params
+
+    assert Launch(problem, WS1).fallback().params == default_params(problem.kernel_spec(), "cpu", problem.seqlen_q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +196,12 @@ ODD = [
 def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
     from helpers import rand_qkv, run_and_check
 
+    from fa2gen.runtime.launch import gluon_ready
+    from fa2gen.runtime.problem import make_problem
+
     q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape))
+    # the Gluon kernel itself runs (run_and_check's output is contiguous, like q here or not)
+    assert gluon_ready(make_problem(q, k, v, causal=causal), q, k, v, torch.empty_like(q))
     verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
     assert verdict.ok, str(verdict)
 
@@ -203,6 +209,7 @@ def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
 def test_gluon_forward_falls_back_where_descriptors_cannot_go():
+    from fa2gen.runtime.defaults import default_params
     from fa2gen.runtime.launch import Launch, gluon_ready
     from fa2gen.runtime.problem import make_problem
     from helpers import rand_qkv, run_and_check
@@ -214,7 +221,7 @@ def test_gluon_forward_falls_back_where_descriptors_cannot_go():
     assert not gluon_ready(problem, shifted, k, v, q) and gluon_ready(problem, q, k, v, q)
     verdict, _, _ = run_and_check(shifted, k, v, WS2)
     assert verdict.ok, str(verdict)
-    assert Launch(problem, WS2).fallback().params.gluon == 0
+    assert Launch(problem, WS2).fallback().params == default_params(problem.kernel_spec(), "sm90", 300)
 
 
 @pytest.mark.gpu
@@ -242,8 +249,12 @@ def test_gradients_through_a_gluon_forward(monkeypatch, causal):
     out = fa2gen.attention(q, k, v, causal=causal)
     dout = torch.randn_like(out)
     out.backward(dout)
+    # the call's launch ran the Gluon kernel (a fallback would have loaded its own launch's module)
+    from fa2gen.runtime import dispatch
+
+    ran = [launch for launch in dispatch._launches.values() if launch.params.gluon]
+    assert chosen and ran and all(launch.module is not None for launch in ran)
     clear_memo()
-    assert chosen
     problem = make_problem(q, k, v, causal=causal)
     verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
     assert verdict.ok, str(verdict)

@@ -142,3 +142,17 @@ def test_params_that_do_not_fit_are_skipped(env):
     huge = TuningParams(256, 256, 8, 4, "tma_host")  # far over sm90's shared memory at D=128
     TunedDB(db_path).put([entry(huge, b, validity())])
     assert choose().source == "default"
+
+
+def test_gluon_entries_serve_hopper_only(env):
+    """A newer GPU shares sm90's configs, but the Gluon forward issues Hopper's wgmma: such a
+    GPU gets the default where the tuned entry is a Gluon one."""
+    root, _ = env
+    b = Bucket.of(problem())
+    gluon = TuningParams(128, 128, 8, 2, "tma_host", gluon=2)
+    write_yaml(root, "NVIDIA_H200", [entry(gluon, b, validity())])
+    assert (choose().source, choose().params) == ("shipped", gluon)
+    blackwell = DeviceInfo("NVIDIA_B200", (10, 0), "sm90", 148)
+    clear_memo()
+    c = explain(problem(), blackwell)
+    assert c.source == "default" and c.params.gluon == 0

@@ -309,7 +309,9 @@ def test_deadline_cut_trials_run_on_resume(tmp_path):
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
     space = space_for("sm90")
-    r1 = tune_bucket(B4K, _DeadlineAfter(0), space, storage=storage, name_prefix="t", trials=40, batch=16,
+    # One round of 40 asks: the static rules prune most of the sm90 space's gluon points, so a
+    # round must be wide to hold the three or more candidates the deadline cuts into.
+    r1 = tune_bucket(B4K, _DeadlineAfter(0), space, storage=storage, name_prefix="t", trials=40, batch=40,
                      deadline=time.time() + 2)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     cut = [t.params for t in study.get_trials(states=(TrialState.FAIL,))]
@@ -543,3 +545,14 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     assert first[0] == bucket_default(B4K, "sm90") and first[1] == old
     assert set(GLUON_CANDIDATES) <= set(first[:6])
+
+
+def test_a_study_of_mostly_pruned_points_ends(tmp_path):
+    """Static prunes are free, so a bucket where almost every point fails the rules would ask
+    forever: the asks are capped at MAX_ASKS_PER_TRIAL per trial."""
+    from fa2gen.tuner.study import MAX_ASKS_PER_TRIAL
+
+    tiny = Bucket("fwd", "fp16", 64, "none", False, 1, 16, 16, 64)
+    _, storage, _, [r] = _tune(tmp_path, [tiny], trials=12, sampler="brute")
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    assert r.trials < 12 <= len(study.get_trials()) <= MAX_ASKS_PER_TRIAL * 12 + 8

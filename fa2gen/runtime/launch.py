@@ -213,8 +213,9 @@ class Launch:
         if self.module is None:
             from ..generator.gluon import descriptor_layout
 
-            self.module = load_module(self.spec, self.params)
+            # layouts first: another thread's first call may see the module set and use them
             self.layouts = tuple(descriptor_layout(block, self.spec.dtype) for block in self.blocks)
+            self.module = load_module(self.spec, self.params)
         args = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
                 for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)]
         kernel = self.module.attn_fwd

@@ -155,6 +155,7 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
         validity = _validity(device, spec.direction)
         for source in (_from_db, _from_shipped):
             found = source(bucket, validity, spec, arch)
-            if found is not None:
+            # Newer GPUs share sm90's configs, but the Gluon forward issues Hopper's wgmma.
+            if found is not None and not (found.params.gluon and device.capability[0] != 9):
                 return found
     return Choice(bucket_default(bucket, arch), "default")

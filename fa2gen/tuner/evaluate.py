@@ -273,6 +273,9 @@ class GpuEvaluator:
         from ..runtime.launch import forward
         from ..runtime.problem import TORCH_DTYPES, make_problem, random_normal
 
+        if params.gluon and torch.cuda.get_device_capability()[0] != 9:
+            # gluon_ready would send every launch to the Triton fallback: not this candidate's time
+            raise Rejected("the Gluon forward runs on sm90 (Hopper) only")
         # Gate: fresh random inputs of an odd small shape with the bucket's semantics.
         s = representative_problem(bucket)
         kw = dict(dtype=TORCH_DTYPES[bucket.dtype], device="cuda")

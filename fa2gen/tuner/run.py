@@ -97,10 +97,10 @@ def _moves(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list[Tu
     return [p for p in local_moves(space, default) if prune_reason(space, spec, bucket, p) is None]
 
 
-def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket) -> list[TuningParams]:
-    """The winners stored for this bucket on this device under other Triton versions,
-    templates or schemas, newest first: after a template change, re-tuning measures the
-    old winner at once."""
+def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = 1) -> list[TuningParams]:
+    """The newest ``limit`` winners stored for this bucket on this device under other Triton
+    versions, templates or schemas: after a template change, re-tuning measures the old
+    winner at once."""
     entries = [e for e in db.entries(device=validity.device, capability=validity.capability, bucket=bucket.key)
                if e.validity != validity]
     entries.sort(key=lambda e: e.created_at, reverse=True)
@@ -108,7 +108,7 @@ def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket) -> list[Tuni
     for e in entries:
         if e.params not in out:
             out.append(e.params)
-    return out
+    return out[:limit]
 
 
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:

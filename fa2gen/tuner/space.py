@@ -14,6 +14,9 @@ from ..generator.spec import KernelSpec, TuningParams, unsupported
 from ..store.buckets import Bucket
 
 
+_LATER_KNOBS = {"gluon"}
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     arch: str
@@ -40,8 +43,11 @@ class SearchSpace:
 
     def digest(self) -> str:
         """Short hash of the choices: a study belongs to one space (Optuna cannot resume a
-        study whose categorical choices changed), so studies are named with it."""
-        return hashlib.sha256(repr(sorted(self.choices().items())).encode()).hexdigest()[:8]
+        study whose categorical choices changed), so studies are named with it. A knob added
+        later is left out while it holds only its default, so that the studies of spaces it
+        does not change keep their names."""
+        choices = {k: v for k, v in self.choices().items() if not (k in _LATER_KNOBS and v == (0,))}
+        return hashlib.sha256(repr(sorted(choices.items())).encode()).hexdigest()[:8]
 
 
 _TILES = (16, 32, 64, 128, 256)
@@ -132,9 +138,10 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
     return [m for m in moves if space.contains(m)]
 
 
-# The Gluon forward's candidates every study of a space with it measures, however few its
-# trials: most of the space's gluon points fail the template's rules (warps fixed by block_m,
-# host descriptors only), so a sampler alone rarely proposes a valid one. On the H200
+# The Gluon forward's candidates every study of a space with it enqueues, after the default,
+# the bucket's earlier winner and the nearest buckets' winners (so a study of 8 trials or more
+# measures them all): most of the space's gluon points fail the template's rules (warps fixed
+# by block_m, host descriptors only), so a sampler alone rarely proposes a valid one. On the H200
 # (benchmarks/results/gluon/gluon-fwd-h200.json) two 64-row partitions on 128 x 128 tiles with
 # two stages won 10 of 12 canonical cells among the Gluon forms, and one 64-row partition
 # on 64 x 64 tiles with three stages was next at D=128. (One 64-row partition on 64 x 128

@@ -30,7 +30,7 @@ from .space import SearchSpace, prune_reason
 log = logging.getLogger(__name__)
 DECIDED = (TrialState.COMPLETE, TrialState.PRUNED)
 STATIC = "static_prune"  # user attr of a trial the static rules pruned (never compiled)
-MAX_ASKS_PER_TRIAL = 50
+MAX_ASKS_PER_TRIAL = 10
 
 
 @dataclass(frozen=True)
