@@ -25,7 +25,6 @@ import torch
 
 import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
-from fa2gen.generator.cache import load_module
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import Launch, effective_params, forward, host_descriptor
@@ -45,13 +44,12 @@ def main(out_path):
     dev = cuda_device_info(torch.cuda.current_device())
     params = select_params(pr, dev)
     spec = pr.kernel_spec()
-    module = load_module(spec, params)
     out = torch.empty_like(q)
     lse = torch.empty((1, 2, 512), device="cuda", dtype=torch.float32)
     dp = spec.head_dim_padded
     plan = Launch(pr, params)
-    descs = [host_descriptor(t, r, dp) for t, r in zip((q, k, v, out), plan.rows)]
-    launch = lambda: module.attn_fwd[plan.grid](*descs, lse, *plan.scalars, **plan.constexprs)
+    kernel, args, options = plan.prepared(q, k, v, out, lse)
+    launch = lambda: kernel[plan.grid](*args, **options)
     pieces = {
         "attention()": lambda: fa2gen.attention(q, k, v, causal=True),
         "forward()": lambda: forward(q, k, v, pr, params),

@@ -20,11 +20,10 @@ import torch
 import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.bench.timing import measure
-from fa2gen.generator.cache import load_module
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
-from fa2gen.runtime.launch import Launch, forward, host_descriptor
+from fa2gen.runtime.launch import Launch, forward
 from fa2gen.runtime.problem import make_problem
 
 CELLS = [
@@ -63,11 +62,10 @@ def jit_launch(q, k, v, problem, params):
     """The same tma_host kernel launched by hand through Triton: the floor that fa2gen's
     per-call work sits on."""
     launch = Launch(problem, params)
-    module = load_module(launch.spec, params)
     out = torch.empty_like(q)
     lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
-    descs = [host_descriptor(t, r, launch.spec.head_dim_padded) for t, r in zip((q, k, v, out), launch.rows)]
-    module.attn_fwd[launch.grid](*descs, lse, *launch.scalars, **launch.constexprs)
+    kernel, args, options = launch.prepared(q, k, v, out, lse)
+    kernel[launch.grid](*args, **options)
     return out
 
 

@@ -179,19 +179,38 @@ class Launch:
         self._launch(q, k, v, out, lse, descales, compile_only)
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
-        if self.params.gluon:
-            if not gluon_ready(self.problem, q, k, v, out):
-                return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
-            return self._launch_gluon(q, k, v, out, lse, compile_only)
-        if self.params.loads in TMA_LOADS and not tma_compatible(q, k, v, out):
+        runs_here = gluon_ready(self.problem, q, k, v, out) if self.params.gluon else (
+            self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out))
+        if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
+        kernel, args, options = self.prepared(q, k, v, out, lse, descales)
+        if compile_only:
+            kernel.warmup(*args, grid=self.grid, **options)
+        else:
+            kernel[self.grid](*args, **options)
+
+    def prepared(self, q, k, v, out, lse, descales=None):
+        """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
+        already transposed), so that ``kernel[self.grid](*arguments, **options)`` runs it;
+        benchmarks/overhead.py times that bare launch."""
         if self.module is None:
-            if interpreting():
+            if self.params.gluon:
+                from ..generator.gluon import descriptor_layout
+
+                # layouts first: another thread's first call may see the module set and use them
+                self.layouts = tuple(descriptor_layout(block, self.spec.dtype) for block in self.blocks)
+            elif interpreting():
                 patch_interpreter()
             self.module = load_module(self.spec, self.params)
+        kernel = self.module.attn_fwd
+        if self.params.gluon:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+            args = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+                    for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)]
+            return kernel, [*args, lse, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
         if self.grid is None:  # persistent, first run: as many programs as the SMs hold
             self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
-        kernel = self.module.attn_fwd
         if self.params.loads == "tma_host":
             args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
             args.append(lse)
@@ -202,27 +221,7 @@ class Launch:
         if self.spec.fp8:
             args[5:5] = [d[0] for d in descales]  # after LSE, before any stride
             args += [s for d in descales for s in d[1:]]
-        if compile_only:
-            kernel.warmup(*args, *self.scalars, grid=self.grid, **self.constexprs)
-        else:
-            kernel[self.grid](*args, *self.scalars, **self.constexprs)
-
-    def _launch_gluon(self, q, k, v, out, lse, compile_only: bool) -> None:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-        if self.module is None:
-            from ..generator.gluon import descriptor_layout
-
-            # layouts first: another thread's first call may see the module set and use them
-            self.layouts = tuple(descriptor_layout(block, self.spec.dtype) for block in self.blocks)
-            self.module = load_module(self.spec, self.params)
-        args = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-                for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)]
-        kernel = self.module.attn_fwd
-        if compile_only:
-            kernel.warmup(*args, lse, *self.scalars, grid=self.grid, **self.constexprs, **self.module.LAUNCH)
-        else:
-            kernel[self.grid](*args, lse, *self.scalars, **self.constexprs, **self.module.LAUNCH)
+        return kernel, [*args, *self.scalars], self.constexprs
 
 
 def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False,
