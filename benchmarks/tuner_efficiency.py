@@ -2,7 +2,7 @@
 
 For each bucket: measure every point of the sm90 space once (static pruning first,
 compiles in parallel), then replay TPE against that table with several seeds and count
-the trials (all finished ones, and the measured ones) until the best so far is within
+the trials (finished ones as --trials counts them, and measured ones) until the best so far is within
 2% of the exhaustive best. Replaying spends no GPU time per seed, and every seed sees
 the same numbers. Writes JSON and prints a table.
 
@@ -26,7 +26,7 @@ from fa2gen.store.buckets import Bucket
 from fa2gen.store.records import Measurement
 from fa2gen.tuner.evaluate import CostModelEvaluator, Rejected
 from fa2gen.tuner.space import prune_reason, space_for
-from fa2gen.tuner.study import tune_bucket
+from fa2gen.tuner.study import STATIC, tune_bucket
 
 BUCKETS = (
     "fwd/fp16/d128/none/sc0/g1/q4096/k4096/bh64",
@@ -79,13 +79,16 @@ def trials_to_target(bucket, table, space, seed, max_trials, target_ms):
     tune_bucket(bucket, Replay(table), space, storage=storage, name_prefix="eff", trials=max_trials, seed=seed,
                 default=bucket_default(bucket, space.arch))
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
-    best, measured = float("inf"), 0
+    # Trials as --trials counts them: decided ones, less those the static rules pruned.
+    best, finished, measured = float("inf"), 0, 0
     for t in sorted(study.get_trials(), key=lambda t: t.number):
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not t.user_attrs.get(STATIC):
+            finished += 1
         if t.state == TrialState.COMPLETE:
             measured += 1
             best = min(best, t.value)
         if best <= 1.02 * target_ms:
-            return t.number + 1, measured
+            return finished, measured
     return None, measured
 
 
