@@ -1,6 +1,7 @@
 """The Gluon forward (TuningParams.gluon > 0): its rules, rendering, identity, ahead-of-time
 compile for sm90 (on CPU), its fallbacks, the tuner's use of it, and on the GPU (marker
-``gpu``) its results by flash-attention's rule on odd shapes, and gradients through it."""
+``gpu``) its results on odd shapes (fp16/bf16 by flash-attention's rule, fp8 by the fp8
+rule), and gradients through it."""
 
 import ast
 import hashlib
@@ -27,7 +28,6 @@ WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma
 
 @pytest.mark.parametrize("spec,params,match", [
     (KernelSpec(direction="bwd", head_dim=64), WS2, "forward knob"),
-    (KernelSpec(dtype="fp8e4m3", head_dim=128), WS2, "fp16 or bf16"),
     (KernelSpec(head_dim=64, mask="local"), WS2, "causal"),
     (KernelSpec(head_dim=64, softcap=True), WS2, "softcap"),
     (KernelSpec(head_dim=80), WS2, "head dims"),
@@ -87,6 +87,11 @@ def test_renders_readable_gluon_with_its_knobs_and_launch():
         assert knob in head
     one = render(KernelSpec(head_dim=64), WS1, name="x")
     assert "gl.constexpr(False)" in one and '"num_warps": 4, "maxnreg": 128' in one
+    assert "DESCALE_Q" not in one and "P_WIDTH = gl.constexpr(2)" in one
+    fp8 = render(KernelSpec(dtype="fp8e4m3", head_dim=128), WS2, name="x")
+    assert "FP8 = gl.constexpr(True)" in fp8 and "P_WIDTH = gl.constexpr(4)" in fp8 and "MMA_K = gl.constexpr(32)" in fp8
+    kernel = next(n for n in ast.parse(fp8).body if isinstance(n, ast.FunctionDef) and n.name == "attn_fwd")
+    assert [a.arg for a in kernel.args.args][:8] == ["Q", "K", "V", "O", "LSE", "DESCALE_Q", "DESCALE_K", "DESCALE_V"]
 
 
 def test_identity_and_the_forward_hash_cover_the_gluon_template():
@@ -107,7 +112,8 @@ _CHILD = textwrap.dedent(r"""
     from fa2gen.tuner.space import GLUON_CANDIDATES
     import re
     out = []
-    for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal")):
+    for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal"),
+                 KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")):
         for params in GLUON_CANDIDATES:
             (name, kernel), = compiled_kernels(spec, params, "sm90")
             with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -116,7 +122,8 @@ _CHILD = textwrap.dedent(r"""
                                       text=True).stdout
             out.append({"label": params.label(), "d": spec.head_dim, "spill": spill_bytes(report),
                         "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
-                        "hgmma": sass.count("HGMMA"), "setmaxnreg": "USETMAXREG" in sass,
+                        # HGMMA: 16-bit operands; QGMMA: fp8
+                        "gmma": len(re.findall(r"\b[HQ]GMMA\.", sass)), "setmaxnreg": "USETMAXREG" in sass,
                         "wait_one": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass})
     print(json.dumps(out))
 """)
@@ -127,11 +134,11 @@ def test_compiles_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(got) == 2 * len(GLUON_CANDIDATES)
+    assert len(got) == 3 * len(GLUON_CANDIDATES)
     for k in got:
         # warp-specialised (registers moved between partitions), asynchronous wgmma with one
         # group left in flight, nothing spilled under the launch's register limit
-        assert k["spill"] == 0 and k["hgmma"] > 0 and k["setmaxnreg"] and k["wait_one"], k
+        assert k["spill"] == 0 and k["gmma"] > 0 and k["setmaxnreg"] and k["wait_one"], k
         assert k["registers"] <= (168 if "m128" in k["label"] else 128), k
 
 
@@ -203,6 +210,29 @@ def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
     # the Gluon kernel itself runs (run_and_check's output is contiguous, like q here or not)
     assert gluon_ready(make_problem(q, k, v, causal=causal), q, k, v, torch.empty_like(q))
     verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("params", GLUON_CANDIDATES, ids=lambda p: p.label())
+@pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
+def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
+    """e4m3 inputs with per-(batch, head) factors, judged by the fp8 rule (docs/fp8.md)."""
+    from fa2gen.bench.correctness import check_forward
+    from fa2gen.runtime.fp8 import check_descales, transposed_v
+    from fa2gen.runtime.launch import forward, gluon_ready
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_fp8
+
+    (q, k, v), scales = rand_fp8(*shape, device="cuda", seed=sum(shape), layout=layout)
+    problem = make_problem(q, k, v, causal=causal)
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert gluon_ready(problem, q, k, transposed_v(v), out)  # the Gluon kernel itself runs
+    lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"), device="cuda")
+    descales = check_descales(problem, q.device, *scales)
+    forward(q, k, v, problem, params, out=out, lse=lse, descales=descales)
+    verdict = check_forward(q, k, v, problem, out, lse, descales=descales)
     assert verdict.ok, str(verdict)
 
 

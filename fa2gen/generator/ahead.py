@@ -137,20 +137,21 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon import descriptor_layout
+    from .gluon import descriptor_boxes, descriptor_layout
 
     fn = module.attn_fwd
-    element = _TRITON_TYPES[spec.dtype]
     constexprs = {**_constexprs(spec, params, "attn_fwd"), "num_warps": module.LAUNCH["num_warps"]}
-    rows = {"Q": module.Q_ROWS, "O": module.Q_ROWS, "K": params.block_n, "V": params.block_n}
+    boxes = dict(zip("QKVO", descriptor_boxes(spec, params)))
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in rows:
-            block = [1, 1, rows[name], spec.head_dim]
-            signature[name] = f"tensordesc<{element}[{','.join(map(str, block))}],{descriptor_layout(block, spec.dtype)!r}>"
-        elif name == "LSE":
+        elif name in boxes:
+            dtype = spec.out_dtype if name == "O" else spec.dtype
+            box = boxes[name]
+            signature[name] = (f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],"
+                               f"{descriptor_layout(box, dtype)!r}>")
+        elif name == "LSE" or name.startswith("DESCALE"):
             signature[name] = "*fp32"
         elif name == "sm_scale":
             signature[name] = "fp32"

@@ -57,7 +57,8 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     q = params.block_m * dp * elt
     kv = 2 * stages * params.block_n * dp * elt
     p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0
-    return q + kv + p
+    o = params.block_m * dp * 2 if params.gluon and spec.fp8 else 0  # the Gluon fp8 forward's bf16 O buffer
+    return q + kv + p + o
 
 
 def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:

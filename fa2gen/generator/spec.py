@@ -125,7 +125,7 @@ class TuningParams:
         each) run the matmuls and the softmax. With 2, each 64-row warp group is a partition
         of its own and hands ring slots back on its own, so one group's softmax can run while
         the other's matmuls occupy the tensor cores. It reads through host descriptors
-        (loads="tma_host"), for fp16/bf16, head dims 64 and 128, no mask or causal.
+        (loads="tma_host"), for fp16, bf16 and fp8, head dims 64 and 128, no mask or causal.
     """
 
     block_m: int = 64
@@ -210,8 +210,6 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
 def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     if spec.direction != "fwd":
         return "gluon is a forward knob; the backward takes the default 0"
-    if spec.dtype not in ("fp16", "bf16"):
-        return f"the Gluon forward takes fp16 or bf16, not {spec.dtype}"
     if spec.mask not in ("none", "causal") or spec.softcap:
         return "the Gluon forward takes no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:

@@ -152,8 +152,9 @@ class Launch:
         self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale)
         self.constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
                                STAGES=params.num_stages)
-        rows = params.block_m // params.gluon
-        self.blocks = tuple([1, 1, r, problem.head_dim] for r in (rows, params.block_n, params.block_n, rows))
+        from ..generator.gluon import descriptor_boxes
+
+        self.blocks = descriptor_boxes(self.spec, params)
         self.layouts = None  # built with the module, on the first run
 
     def fallback(self) -> "Launch":
@@ -198,7 +199,8 @@ class Launch:
                 from ..generator.gluon import descriptor_layout
 
                 # layouts first: another thread's first call may see the module set and use them
-                self.layouts = tuple(descriptor_layout(block, self.spec.dtype) for block in self.blocks)
+                dtypes = (self.spec.dtype,) * 3 + (self.spec.out_dtype,)
+                self.layouts = tuple(descriptor_layout(block, dt) for block, dt in zip(self.blocks, dtypes))
             elif interpreting():
                 patch_interpreter()
             self.module = load_module(self.spec, self.params)
@@ -208,7 +210,10 @@ class Launch:
 
             args = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
                     for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)]
-            return kernel, [*args, lse, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
+            args.append(lse)
+            if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
+                args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
+            return kernel, [*args, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
         if self.grid is None:  # persistent, first run: as many programs as the SMs hold
             self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         if self.params.loads == "tma_host":
