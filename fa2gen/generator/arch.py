@@ -57,7 +57,8 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     q = params.block_m * dp * elt
     kv = 2 * stages * params.block_n * dp * elt
     p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0
-    o = params.block_m * dp * 2 if params.gluon and spec.fp8 else 0  # the Gluon fp8 forward's bf16 O buffer
+    # the Gluon forward's own O buffer (bf16 for fp8; a persistent program's Q buffer is busy)
+    o = params.block_m * dp * 2 if params.gluon and (spec.fp8 or params.persistent) else 0
     return q + kv + p + o
 
 

@@ -125,7 +125,9 @@ class TuningParams:
         each) run the matmuls and the softmax. With 2, each 64-row warp group is a partition
         of its own and hands ring slots back on its own, so one group's softmax can run while
         the other's matmuls occupy the tensor cores. It reads through host descriptors
-        (loads="tma_host"), for fp16, bf16 and fp8, head dims 64 and 128, no mask or causal.
+        (loads="tma_host"), for fp16, bf16 and fp8, head dims 64 and 128, no mask or causal;
+        with persistent > 0 its programs walk tiles, each loader fetching the next tile while
+        its compute partitions finish the last one.
     """
 
     block_m: int = 64
@@ -214,8 +216,8 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "the Gluon forward takes no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:
         return f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-    if params.loads != "tma_host" or params.persistent:
-        return "the Gluon forward reads through host descriptors on a plain grid: loads=tma_host, persistent=0"
+    if params.loads != "tma_host":
+        return "the Gluon forward reads through host descriptors: loads=tma_host"
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_TILES:
         return f"the Gluon forward's tiles are {GLUON_TILES} rows"
     if params.gluon == 2 and params.block_m != 128:

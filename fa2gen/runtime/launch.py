@@ -57,15 +57,11 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
-# The Gluon forward's grid puts batch * heads on its second axis, which CUDA caps.
-_GRID_Y_MAX = 65535
-
-
 def gluon_ready(problem: Problem, *tensors: torch.Tensor) -> bool:
     """Whether the Gluon forward can run this call: compiled Triton on a Hopper GPU (wgmma
-    exists on sm90 only), tensors a descriptor can address, and a grid CUDA accepts."""
+    exists on sm90 only), tensors a descriptor can address, and tile indices in 32 bits."""
     t = tensors[0]
-    if interpreting() or t.device.type != "cuda" or problem.batch * problem.heads_q > _GRID_Y_MAX:
+    if interpreting() or t.device.type != "cuda" or problem.batch * problem.heads_q * problem.seqlen_q >= 2**31:
         return False
     from .device import cuda_device_info
 
@@ -120,7 +116,7 @@ class Launch:
         self.module = None  # loaded on first run: the interpreter check happens there
         self._fallback = None
         if params.gluon:
-            self._init_gluon(problem, params)
+            self._init_gluon(problem, params, sm_count)
             return
         dp = spec.head_dim_padded
         left, right = window_extents(problem)
@@ -146,10 +142,13 @@ class Launch:
         v_block = (dp, params.block_n) if spec.fp8 else (params.block_n, dp)
         self.blocks = ((params.block_m, dp), (params.block_n, dp), v_block, (params.block_m, dp))
 
-    def _init_gluon(self, problem: Problem, params: TuningParams) -> None:
-        # (query tiles, batch * heads); each compute partition's Q and O boxes hold its rows
-        self.grid = (-(-problem.seqlen_q // params.block_m), problem.batch * problem.heads_q)
-        self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale)
+    def _init_gluon(self, problem: Problem, params: TuningParams, sm_count: int | None) -> None:
+        # One program per (query block, batch * head) tile, or a persistent grid walking them
+        tiles = -(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q
+        self.grid = (tiles,)
+        if params.persistent:
+            self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
+        self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, tiles)
         self.constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
                                STAGES=params.num_stages)
         from ..generator.gluon import descriptor_boxes
@@ -205,6 +204,8 @@ class Launch:
                 patch_interpreter()
             self.module = load_module(self.spec, self.params)
         kernel = self.module.attn_fwd
+        if self.grid is None:  # persistent, first run: as many programs as the SMs hold
+            self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         if self.params.gluon:
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -214,8 +215,6 @@ class Launch:
             if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
                 args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
             return kernel, [*args, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
-        if self.grid is None:  # persistent, first run: as many programs as the SMs hold
-            self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         if self.params.loads == "tma_host":
             args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
             args.append(lse)

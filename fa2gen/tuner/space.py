@@ -57,12 +57,13 @@ SPACES = {
     "sm80": SearchSpace("sm80", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4, 5), ("pointer",)),
     "sm86": SearchSpace("sm86", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
     "sm89": SearchSpace("sm89", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
-    # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids of two
-    # programs per SM, and the warp-specialised Gluon forward. One program per SM halves
-    # occupancy and measured 0.32-0.78x the plain grid on the H200
-    # (benchmarks/results/persistent-ab-h200.txt), so it is not searched.
+    # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids, and the
+    # warp-specialised Gluon forward. One Triton program per SM halves occupancy and measured
+    # 0.32-0.78x the plain grid on the H200 (benchmarks/results/persistent-ab-h200.txt), so
+    # only the Gluon forward, whose 128-row programs fill an SM alone, is searched with it
+    # (prune_reason).
     "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
-                        persistent=(0, 2), gluon=(0, 1, 2)),
+                        persistent=(0, 1, 2), gluon=(0, 1, 2)),
 }
 
 
@@ -95,6 +96,10 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # spilling, benchmarks/results/registers-bwd-sm90.json.)
     if space.arch == "sm90" and spec.direction == "fwd" and params.num_warps == 8 and params.block_m < 128:
         return "8 warps on sm90 need block_m >= 128 (two 64-row warp groups)"
+    if space.arch == "sm90" and params.persistent == 1 and not params.gluon:
+        return "one Triton program per SM measured 0.32-0.78x the plain grid on sm90"
+    if params.gluon and params.persistent == 2 and params.block_m == 128:
+        return "a 128-row Gluon program fills an SM's registers: two per SM would run in two waves"
     return None
 
 
@@ -145,11 +150,13 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
 # (benchmarks/results/gluon/gluon-fwd-h200.json) two 64-row partitions on 128 x 128 tiles with
 # two stages won 10 of 12 canonical cells among the Gluon forms, and one 64-row partition
 # on 64 x 64 tiles with three stages was next at D=128. (One 64-row partition on 64 x 128
-# tiles spills at D=128 under its 128-register limit.)
+# tiles spills at D=128 under its 128-register limit.) The persistent form of the first is
+# for short sequences, where a tile's prologue and epilogue are a large share of its time.
 GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
 )
 
 
