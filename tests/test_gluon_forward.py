@@ -33,7 +33,6 @@ WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma
     (KernelSpec(head_dim=80), WS2, "head dims"),
     (KernelSpec(head_dim=256), WS2, "head dims"),
     (KernelSpec(head_dim=64), WS2.replace(loads="pointer"), "tma_host"),
-    (KernelSpec(head_dim=64), WS2.replace(persistent=2), "persistent=0"),
     (KernelSpec(head_dim=64), WS2.replace(block_n=32), "tiles"),
     (KernelSpec(head_dim=64), WS1.replace(gluon=2), "two 64-row warp groups"),
     (KernelSpec(head_dim=64), WS2.replace(num_warps=4), "compute warps"),
@@ -47,16 +46,23 @@ def test_rules_name_what_the_gluon_forward_cannot_do(spec, params, match):
 
 def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
     points = [p for p in param_space(KernelSpec(dtype="bf16", head_dim=128, mask="causal")) if p.gluon]
-    # (64 | 128 rows, 1 partition) or (128 rows, 2), x 2 widths x 4 stage counts
-    assert len(points) == 3 * 2 * 4
-    assert all(p.loads == "tma_host" and p.num_warps == p.block_m // 16 and not p.persistent for p in points)
+    # (64 | 128 rows, 1 partition) or (128 rows, 2), x 2 widths x 4 stage counts x 3 grids
+    assert len(points) == 3 * 2 * 4 * 3
+    assert all(p.loads == "tma_host" and p.num_warps == p.block_m // 16 for p in points)
     spec = KernelSpec(dtype="bf16", head_dim=128, mask="causal")
-    bodies = set()
+    bodies = {}
     for p in points:  # each renders and parses; tiles and stages are constexprs, not code
         src = render(spec, p, name=Variant(spec, p).name)
         ast.parse(src)
-        bodies.add(src.split("\nLN2 = ", 1)[1])
-    assert len(bodies) == 1
+        bodies.setdefault(p.persistent, set()).add(src.split("\nLN2 = ", 1)[1])
+    # a plain grid's programs take one tile, persistent ones loop over tiles; how many
+    # programs per SM is the launch's business (and one constant's)
+    assert sorted(bodies) == [0, 1, 2] and all(len(b) == 1 for b in bodies.values())
+    plain, walking = next(iter(bodies[0])), next(iter(bodies[1]))
+    assert walking.replace("PERSISTENT = 1", "PERSISTENT = 2") == next(iter(bodies[2]))
+    assert "if True:  # one tile per program" in plain and "num_tiles, gl.num_programs(0))" not in plain
+    assert plain.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 0
+    assert walking.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 2  # loader and compute
     assert not [p for p in param_space(KernelSpec(head_dim=96)) if p.gluon]
     assert not [p for p in param_space(KernelSpec(direction="bwd", head_dim=64)) if p.gluon]
     with pytest.raises(SpecError, match="gluon"):
@@ -233,6 +239,24 @@ def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
     descales = check_descales(problem, q.device, *scales)
     forward(q, k, v, problem, params, out=out, lse=lse, descales=descales)
     verdict = check_forward(q, k, v, problem, out, lse, descales=descales)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape,causal", [((4, 16, 4, 512 + 33, 512 + 33, 128), True),
+                                          ((8, 16, 16, 1024, 1024, 64), False),
+                                          ((3, 8, 2, 200, 333, 128), True)], ids=["gqa-causal", "full", "nq<nk"])
+def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
+    """More tiles than programs: every program walks several, carrying ring phases and Q's
+    buffer from one tile to the next."""
+    from helpers import rand_qkv, run_and_check
+
+    params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
+                          persistent=1)
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", seed=sum(shape))
+    verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
     assert verdict.ok, str(verdict)
 
 

@@ -57,11 +57,18 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
-def gluon_ready(problem: Problem, *tensors: torch.Tensor) -> bool:
+# A plain Gluon grid puts batch * heads on its second axis, which CUDA caps.
+_GRID_Y_MAX = 65535
+
+
+def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0) -> bool:
     """Whether the Gluon forward can run this call: compiled Triton on a Hopper GPU (wgmma
-    exists on sm90 only), tensors a descriptor can address, and tile indices in 32 bits."""
+    exists on sm90 only), tensors a descriptor can address, and a grid CUDA accepts (a
+    persistent one numbers its tiles in 32 bits)."""
     t = tensors[0]
-    if interpreting() or t.device.type != "cuda" or problem.batch * problem.heads_q * problem.seqlen_q >= 2**31:
+    tiles_fit = (problem.batch * problem.heads_q * problem.seqlen_q < 2**31 if persistent
+                 else problem.batch * problem.heads_q <= _GRID_Y_MAX)
+    if interpreting() or t.device.type != "cuda" or not tiles_fit:
         return False
     from .device import cuda_device_info
 
@@ -144,8 +151,9 @@ class Launch:
 
     def _init_gluon(self, problem: Problem, params: TuningParams, sm_count: int | None) -> None:
         # One program per (query block, batch * head) tile, or a persistent grid walking them
-        tiles = -(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q
-        self.grid = (tiles,)
+        num_m = -(-problem.seqlen_q // params.block_m)
+        tiles = num_m * problem.batch * problem.heads_q
+        self.grid = (num_m, problem.batch * problem.heads_q)
         if params.persistent:
             self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
         self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, tiles)
@@ -179,7 +187,7 @@ class Launch:
         self._launch(q, k, v, out, lse, descales, compile_only)
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
-        runs_here = gluon_ready(self.problem, q, k, v, out) if self.params.gluon else (
+        runs_here = gluon_ready(self.problem, q, k, v, out, persistent=self.params.persistent) if self.params.gluon else (
             self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out))
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
