@@ -249,12 +249,12 @@ def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
                                           ((8, 16, 16, 1024, 1024, 64), False),
                                           ((3, 8, 2, 200, 333, 128), True)], ids=["gqa-causal", "full", "nq<nk"])
 def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
-    """More tiles than programs: every program walks several, carrying ring phases and Q's
-    buffer from one tile to the next."""
+    """More tiles than programs (two per SM, run in two waves of one): every program walks
+    several, carrying ring phases and Q's buffer from one tile to the next."""
     from helpers import rand_qkv, run_and_check
 
     params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
-                          persistent=1)
+                          persistent=2)
     q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", seed=sum(shape))
     verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
     assert verdict.ok, str(verdict)

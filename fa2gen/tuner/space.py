@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, fields
 
-from ..generator.arch import ARCHES, fits, smem_estimate
+from ..generator.arch import ARCHES, fits
 from ..generator.spec import KernelSpec, TuningParams, unsupported
 from ..store.buckets import Bucket
 
@@ -57,13 +57,14 @@ SPACES = {
     "sm80": SearchSpace("sm80", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4, 5), ("pointer",)),
     "sm86": SearchSpace("sm86", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
     "sm89": SearchSpace("sm89", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
-    # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids, and the
-    # warp-specialised Gluon forward. One Triton program per SM halves occupancy and measured
-    # 0.32-0.78x the plain grid on the H200 (benchmarks/results/persistent-ab-h200.txt), so
-    # only the Gluon forward, whose 128-row programs fill an SM alone, is searched with it
-    # (prune_reason).
+    # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids of two
+    # programs per SM, and the warp-specialised Gluon forward. One Triton program per SM
+    # halves occupancy and measured 0.32-0.78x the plain grid on the H200
+    # (benchmarks/results/persistent-ab-h200.txt), so it is not searched. A 128-row Gluon
+    # program fills an SM alone: its grid of two per SM runs as two waves of persistent
+    # programs, each walking half as many tiles, which costs one more prologue per SM.
     "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
-                        persistent=(0, 1, 2), gluon=(0, 1, 2)),
+                        persistent=(0, 2), gluon=(0, 1, 2)),
 }
 
 
@@ -96,11 +97,6 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # spilling, benchmarks/results/registers-bwd-sm90.json.)
     if space.arch == "sm90" and spec.direction == "fwd" and params.num_warps == 8 and params.block_m < 128:
         return "8 warps on sm90 need block_m >= 128 (two 64-row warp groups)"
-    if space.arch == "sm90" and params.persistent == 1 and not params.gluon:
-        return "one Triton program per SM measured 0.32-0.78x the plain grid on sm90"
-    if params.gluon and params.persistent == 2 and (params.block_m == 128
-                                                     or 2 * smem_estimate(spec, params) > ARCHES[space.arch].smem_bytes):
-        return "two Gluon programs do not fit on one SM (registers or shared memory): they would run in two waves"
     return None
 
 
@@ -158,7 +154,7 @@ GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
-    TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=1),
+    TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=2),
 )
 
 
