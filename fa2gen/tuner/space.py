@@ -113,7 +113,8 @@ BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
-                      ("separate",) if arch == "sm90" else ("separate", "atomic"))
+                      ("separate",) if arch == "sm90" else ("separate", "atomic"),
+                      gluon=(0, 1) if arch == "sm90" else (0,))
     for arch in SPACES
 }
 
@@ -158,9 +159,20 @@ GLUON_CANDIDATES = (
 )
 
 
+# The backward's Gluon dK/dV kernel (delta and dQ stay Triton's, with the same tiles): on the
+# H200 (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program and 64 queries a step
+# ran 1.27x fa2gen's dK/dV kernel, the best of five forms; 128 x 32 is the Triton dQ kernel's
+# own favourite tile at D=128 (the shipped backward defaults).
+GLUON_BWD_CANDIDATES = (
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
+    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
+)
+
+
 def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> list[TuningParams]:
     """The Gluon candidates that ``space`` holds and ``bucket`` can run."""
-    return [p for p in GLUON_CANDIDATES if prune_reason(space, spec, bucket, p) is None]
+    candidates = GLUON_BWD_CANDIDATES if spec.direction == "bwd" else GLUON_CANDIDATES
+    return [p for p in candidates if prune_reason(space, spec, bucket, p) is None]
 
 
 def space_for(arch: str, direction: str = "fwd") -> SearchSpace:
