@@ -4,14 +4,11 @@ rendering, ahead-of-time compile for sm90 (on CPU), the tuner's candidates, and 
 
 import ast
 import hashlib
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from helpers import compiled_child, gluon_cases
 
 from fa2gen.generator import rendering
 from fa2gen.generator.rendering import render, template_hash
@@ -77,10 +74,7 @@ _CHILD = textwrap.dedent(r"""
 
 def test_compiles_for_sm90_without_spills():
     """Its three kernels (delta and dQ from the Triton template, dK/dV in Gluon)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = compiled_child(_CHILD)
     assert len(got) == 2 * len(GLUON_BWD_CANDIDATES)
     for k in got:
         assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dq", "attn_bwd_dkdv"}, k
@@ -96,10 +90,6 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     assert gluon_candidates(space, other.kernel_spec(), other) == []
 
 
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
 # (B, Hq, Hkv, Nq, Nk, D), causal, layout: GQA, Nq != Nk both ways (causal rows that see no
 # key), odd lengths, strided (B, N, H, D) inputs, a long sequence
 ODD = [
@@ -111,11 +101,7 @@ ODD = [
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="the Gluon dK/dV kernel runs on sm90")
-@pytest.mark.parametrize("params", GLUON_BWD_CANDIDATES, ids=lambda p: p.label())
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
+@gluon_cases(GLUON_BWD_CANDIDATES, ODD, "the Gluon dK/dV kernel")
 def test_gradients_through_the_gluon_dkdv_kernel(monkeypatch, params, dtype, shape, causal, layout):
     import fa2gen
     import fa2gen.runtime.autograd as autograd

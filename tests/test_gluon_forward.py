@@ -5,14 +5,11 @@ rule), and gradients through it."""
 
 import ast
 import hashlib
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from helpers import compiled_child, gluon_cases, hopper
 
 from fa2gen.generator import rendering
 from fa2gen.generator.arch import fits
@@ -133,10 +130,7 @@ _CHILD = textwrap.dedent(r"""
 
 
 def test_compiles_for_sm90_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = compiled_child(_CHILD)
     assert len(got) == 3 * len(GLUON_CANDIDATES)
     for k in got:
         # warp-specialised (registers moved between partitions), asynchronous wgmma with one
@@ -181,10 +175,6 @@ def test_interpreter_falls_back_to_the_triton_template():
 # ---------------------------------------------------------------------------------------------
 # GPU (sm90)
 
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
 # (B, Hq, Hkv, Nq, Nk, D), causal, layout: GQA, Nq != Nk both ways, rows that see no key,
 # decoding, odd lengths, strided (B, N, H, D) inputs, a long sequence
 ODD = [
@@ -198,11 +188,7 @@ ODD = [
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
-@pytest.mark.parametrize("params", GLUON_CANDIDATES, ids=lambda p: p.label())
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
+@gluon_cases(GLUON_CANDIDATES, ODD, "the Gluon forward")
 def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
     from helpers import rand_qkv, run_and_check
 
@@ -217,7 +203,7 @@ def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("params", GLUON_CANDIDATES, ids=lambda p: p.label())
 @pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
 def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
@@ -240,7 +226,7 @@ def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape,causal", [((4, 16, 4, 512 + 33, 512 + 33, 128), True),
                                           ((8, 16, 16, 1024, 1024, 64), False),
@@ -258,7 +244,7 @@ def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 def test_gluon_forward_falls_back_where_descriptors_cannot_go():
     from fa2gen.runtime.defaults import default_params
     from fa2gen.runtime.launch import Launch, gluon_ready
@@ -276,7 +262,7 @@ def test_gluon_forward_falls_back_where_descriptors_cannot_go():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gradients_through_a_gluon_forward(monkeypatch, causal):
     """attention() with the Gluon forward dispatched: its LSE feeds the backward."""
