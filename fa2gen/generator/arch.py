@@ -52,6 +52,8 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     if spec.direction == "bwd":
         resident = 2 * params.block_m * dp * elt
         streamed = 2 * stages * params.block_n * dp * elt
+        if params.gluon:  # the Gluon dK/dV kernel keeps P and dS in registers
+            return resident + streamed
         staged_dq = params.block_n * dp * 4 if params.dq_mode == "tma_reduce" else 0
         return resident + streamed + 2 * params.block_m * params.block_n * elt + staged_dq
     q = params.block_m * dp * elt

@@ -41,7 +41,7 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     if params.gluon:
         # The dK/dV kernel in Gluon where it can run; delta and dQ from the Triton template
         gluon_params, params = params, params.replace(gluon=0)
-        if gluon_ready(problem, q, k, v, dout, dq, dk, dv):
+        if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=problem.heads_kv):
             gluon_dkdv = gluon_params
     # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
     params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)

@@ -61,13 +61,15 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
 _GRID_Y_MAX = 65535
 
 
-def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0) -> bool:
-    """Whether the Gluon forward can run this call: compiled Triton on a Hopper GPU (wgmma
+def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, heads: int | None = None) -> bool:
+    """Whether a Gluon kernel can run this call: compiled Triton on a Hopper GPU (wgmma
     exists on sm90 only), tensors a descriptor can address, and a grid CUDA accepts (a
-    persistent one numbers its tiles in 32 bits)."""
+    persistent one numbers its tiles in 32 bits; a plain one has batch * ``heads`` programs
+    on its second axis: the query heads, or the backward's k/v heads)."""
     t = tensors[0]
+    heads = problem.heads_q if heads is None else heads
     tiles_fit = (problem.batch * problem.heads_q * problem.seqlen_q < 2**31 if persistent
-                 else problem.batch * problem.heads_q <= _GRID_Y_MAX)
+                 else problem.batch * heads <= _GRID_Y_MAX)
     if interpreting() or t.device.type != "cuda" or not tiles_fit:
         return False
     from .device import cuda_device_info
@@ -200,7 +202,9 @@ class Launch:
     def prepared(self, q, k, v, out, lse, descales=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
         already transposed), so that ``kernel[self.grid](*arguments, **options)`` runs it;
-        benchmarks/overhead.py times that bare launch."""
+        benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
+        if self.spec.fp8 and descales is None:
+            descales = check_descales(self.problem, q.device, None, None, None)
         if self.module is None:
             if self.params.gluon:
                 from ..generator.gluon import descriptor_layout
