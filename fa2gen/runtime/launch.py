@@ -61,16 +61,20 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
 _GRID_Y_MAX = 65535
 
 
-def gluon_ready(problem: Problem, *tensors: torch.Tensor) -> bool:
-    """Whether the Gluon forward can run this call: compiled Triton on a Hopper GPU (wgmma
-    exists on sm90 only), tensors a descriptor can address, and a grid CUDA accepts."""
-    t = tensors[0]
-    if interpreting() or t.device.type != "cuda" or problem.batch * problem.heads_q > _GRID_Y_MAX:
+def gluon_device_ready(problem: Problem, device: torch.device) -> bool:
+    """Whether the Gluon forward can run ``problem`` on ``device``: compiled Triton on a
+    Hopper GPU (wgmma exists on sm90 only), and a grid CUDA accepts."""
+    if interpreting() or device.type != "cuda" or problem.batch * problem.heads_q > _GRID_Y_MAX:
         return False
     from .device import cuda_device_info
 
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return cuda_device_info(index).capability[0] == 9 and tma_compatible(*tensors)
+    return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).capability[0] == 9
+
+
+def gluon_ready(problem: Problem, *tensors: torch.Tensor) -> bool:
+    """Whether the Gluon forward can run this call: on the tensors' device, and on tensors a
+    descriptor can address."""
+    return gluon_device_ready(problem, tensors[0].device) and tma_compatible(*tensors)
 
 
 def host_descriptor(t: torch.Tensor, rows: int, cols: int):
@@ -109,7 +113,7 @@ class Launch:
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
     __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "layouts",
-                 "_fallback")
+                 "_fallback", "_gluon_device")
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
         """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
@@ -119,6 +123,7 @@ class Launch:
         self.spec = spec = problem.kernel_spec()
         self.module = None  # loaded on first run: the interpreter check happens there
         self._fallback = None
+        self._gluon_device = None  # the device the Gluon forward was found to run on
         if params.gluon:
             self._init_gluon(problem, params)
             return
@@ -179,8 +184,13 @@ class Launch:
         self._launch(q, k, v, out, lse, descales, compile_only)
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
-        runs_here = gluon_ready(self.problem, q, k, v, out) if self.params.gluon else (
-            self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out))
+        if self.params.gluon:
+            # The device's verdict once per device; the tensors' on every call.
+            if q.device != self._gluon_device and gluon_device_ready(self.problem, q.device):
+                self._gluon_device = q.device
+            runs_here = q.device == self._gluon_device and tma_compatible(q, k, v, out)
+        else:
+            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out)
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
         kernel, args, options = self.prepared(q, k, v, out, lse, descales)
