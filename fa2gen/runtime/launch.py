@@ -61,21 +61,27 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
 _GRID_Y_MAX = 65535
 
 
-def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, heads: int | None = None) -> bool:
-    """Whether a Gluon kernel can run this call: compiled Triton on a Hopper GPU (wgmma
-    exists on sm90 only), tensors a descriptor can address, and a grid CUDA accepts (a
-    persistent one numbers its tiles in 32 bits; a plain one has batch * ``heads`` programs
-    on its second axis: the query heads, or the backward's k/v heads)."""
-    t = tensors[0]
+def gluon_device_ready(problem: Problem, device: torch.device, *, persistent: int = 0,
+                       heads: int | None = None) -> bool:
+    """Whether a Gluon kernel can run ``problem`` on ``device``: compiled Triton on a Hopper
+    GPU (wgmma exists on sm90 only), and a grid CUDA accepts (a persistent one numbers its
+    tiles in 32 bits; a plain one has batch * ``heads`` programs on its second axis: the
+    query heads, or the backward's k/v heads)."""
     heads = problem.heads_q if heads is None else heads
     tiles_fit = (problem.batch * problem.heads_q * problem.seqlen_q < 2**31 if persistent
                  else problem.batch * heads <= _GRID_Y_MAX)
-    if interpreting() or t.device.type != "cuda" or not tiles_fit:
+    if interpreting() or device.type != "cuda" or not tiles_fit:
         return False
     from .device import cuda_device_info
 
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return cuda_device_info(index).capability[0] == 9 and tma_compatible(*tensors)
+    return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).capability[0] == 9
+
+
+def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, heads: int | None = None) -> bool:
+    """Whether a Gluon kernel can run this call: on the tensors' device (``gluon_device_ready``),
+    and on tensors a descriptor can address."""
+    return (gluon_device_ready(problem, tensors[0].device, persistent=persistent, heads=heads)
+            and tma_compatible(*tensors))
 
 
 def host_descriptor(t: torch.Tensor, rows: int, cols: int):
@@ -114,7 +120,7 @@ class Launch:
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
     __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "layouts",
-                 "_fallback")
+                 "_fallback", "_gluon_device")
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
         """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
@@ -124,6 +130,7 @@ class Launch:
         self.spec = spec = problem.kernel_spec()
         self.module = None  # loaded on first run: the interpreter check happens there
         self._fallback = None
+        self._gluon_device = None  # the device the Gluon forward was found to run on
         if params.gluon:
             self._init_gluon(problem, params, sm_count)
             return
@@ -189,8 +196,14 @@ class Launch:
         self._launch(q, k, v, out, lse, descales, compile_only)
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
-        runs_here = gluon_ready(self.problem, q, k, v, out, persistent=self.params.persistent) if self.params.gluon else (
-            self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out))
+        if self.params.gluon:
+            # The device's verdict once per device; the tensors' on every call.
+            if q.device != self._gluon_device and gluon_device_ready(self.problem, q.device,
+                                                                     persistent=self.params.persistent):
+                self._gluon_device = q.device
+            runs_here = q.device == self._gluon_device and tma_compatible(q, k, v, out)
+        else:
+            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out)
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
         kernel, args, options = self.prepared(q, k, v, out, lse, descales)

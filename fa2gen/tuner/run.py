@@ -104,11 +104,7 @@ def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int =
     entries = [e for e in db.entries(device=validity.device, capability=validity.capability, bucket=bucket.key)
                if e.validity != validity]
     entries.sort(key=lambda e: e.created_at, reverse=True)
-    out: list[TuningParams] = []
-    for e in entries:
-        if e.params not in out:
-            out.append(e.params)
-    return out[:limit]
+    return _distinct_params(entries, limit)
 
 
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
@@ -117,6 +113,11 @@ def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int
                                      template_hash=validity.template_hash, schema=validity.schema)
                if e.bucket.same_kernel(bucket) and e.bucket != bucket]
     entries.sort(key=lambda e: bucket.distance(e.bucket))
+    return _distinct_params(entries, limit)
+
+
+def _distinct_params(entries: list[Entry], limit: int) -> list[TuningParams]:
+    """The first ``limit`` distinct params of ``entries``, in their order."""
     out: list[TuningParams] = []
     for e in entries:
         if e.params not in out:
