@@ -14,7 +14,7 @@
 #        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
 #        built-in grid) into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS
 #        (default 400), $TUNE_TRIALS (default 16) trials per bucket. "gluon-tests" runs the Gluon
-#        forward's GPU tests alone.
+#        kernels' GPU tests alone.
 #        "fwd", "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
 # One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
 # (benchmarks/on_gpus.sh). $BUDGET_SECONDS caps the whole run: a step gets what is left of it,
@@ -49,7 +49,8 @@ bench_dtypes() {  # mode name: the canonical grid in each of $BENCH_DTYPES, side
 for step in $steps; do
   case $step in
     tests) run gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
-    gluon-tests) run gluon-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gluon_forward.py ;;
+    gluon-tests) run gluon-tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gluon_forward.py \
+                   tests/test_gluon_backward.py ;;
     dqab) run dq-ab 300 python3 benchmarks/dq_ab.py --out "$out/dq-ab-fp16.json" ;;
     tplab)
       for dt in ${BENCH_DTYPES:-fp16 bf16}; do

@@ -71,3 +71,44 @@ def rand_fp8(B, Hq, Hkv, Nq, Nk, D, *, per_head=True, seed=0, layout="bhnd", dev
     spreads = [torch.linspace(0.5, 4.0, H)[None, :, None, None] for H in (Hq, Hkv, Hkv)]
     (q, dq), (k, dk), (v, dv) = (make(H, N, s) for H, N, s in zip((Hq, Hkv, Hkv), (Nq, Nk, Nk), spreads))
     return (q, k, v), (dq, dk, dv)
+
+
+def hopper() -> bool:
+    """A Hopper GPU (sm90), where the Gluon kernels run."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def gluon_cases(candidates, cases, what: str):
+    """Decorator of a GPU test run for each Gluon candidate ``params``, fp16 and bf16
+    ``dtype``, and each ((B, Hq, Hkv, Nq, Nk, D), causal, layout) case, on sm90 only."""
+    import pytest
+
+    marks = [
+        pytest.mark.gpu,
+        pytest.mark.skipif(not hopper(), reason=f"{what} runs on sm90"),
+        pytest.mark.parametrize("params", candidates, ids=lambda p: p.label()),
+        pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"]),
+        pytest.mark.parametrize("shape,causal,layout", cases,
+                                ids=[f"{s}-{'causal' if c else 'full'}-{lay}" for s, c, lay in cases]),
+    ]
+
+    def wrap(fn):
+        for mark in reversed(marks):
+            fn = mark(fn)
+        return fn
+
+    return wrap
+
+
+def compiled_child(code: str, *args: str):
+    """Run ``code`` in a child process without TRITON_INTERPRET (Gluon kernels only compile
+    there, for sm90, with no GPU) and return the JSON its last line prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

@@ -96,7 +96,7 @@ def test_backward_points_render_and_parse(mask):
 
     for d, softcap in ((64, False), (80, True)):
         spec = KernelSpec(direction="bwd", head_dim=d, mask=mask, softcap=softcap)
-        points = param_space(spec)
+        points = [p for p in param_space(spec) if not p.gluon]  # Gluon's: tests/test_gluon_backward.py
         assert {p.loads for p in points} == {"pointer", "tma_host"}
         assert {p.dq_mode for p in points} == {"separate", "atomic", "tma_reduce"}
         assert all(p.loads == "tma_host" for p in points if p.dq_mode == "tma_reduce")

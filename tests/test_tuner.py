@@ -413,10 +413,16 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
     assert {t.params["dq_mode"] for t in study.trials} == {"separate"}  # sm90 searches its measured winner only
     first, *after = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number))
-    # ... the default first, then its one-knob neighbours that pass the static rules, in order
+    # ... the default first, the Gluon dK/dV candidates, then the default's one-knob neighbours
+    # that pass the static rules, in order
     assert first == bucket_default(bucket, "sm90")
+    from fa2gen.tuner.space import gluon_candidates
+
+    gluon = gluon_candidates(space_for("sm90", "bwd"), bucket.kernel_spec(), bucket)
     moves = [m for m in local_moves(space_for("sm90", "bwd"), first)
              if prune_reason(space_for("sm90", "bwd"), bucket.kernel_spec(), bucket, m) is None]
+    assert gluon and after[:len(gluon)] == gluon
+    after = after[len(gluon):]
     assert len(moves) >= 6 and after[:len(moves)] == moves
     assert db.get(VALID, bucket).params == r.best
     problem = Problem(batch=8, heads_q=32, heads_kv=32, seqlen_q=2000, seqlen_k=2000, head_dim=64, dtype="bf16",
@@ -483,12 +489,12 @@ def test_local_moves_are_one_knob_steps():
     moves = local_moves(space, p)
     assert moves == [p.replace(block_n=16), p.replace(block_n=64), p.replace(num_stages=2), p.replace(num_stages=4),
                      p.replace(loads="tma_host"), p.replace(num_warps=4), p.replace(num_warps=16), p.replace(block_m=64),
-                     p.replace(block_m=256)]
+                     p.replace(block_m=256), p.replace(gluon=1)]
     # ends of a range move one way only; values outside the space are not proposed
     edge = TuningParams(16, 16, 4, 1, "pointer")
     assert local_moves(space, edge) == [edge.replace(block_n=32), edge.replace(num_stages=2),
                                         edge.replace(loads="tma_host"), edge.replace(num_warps=8),
-                                        edge.replace(block_m=32)]
+                                        edge.replace(block_m=32), edge.replace(gluon=1)]
     sm80 = space_for("sm80", "bwd")
     p80 = TuningParams(64, 64, 4, 3, "pointer")
     assert local_moves(sm80, p80) == [p80.replace(block_n=32), p80.replace(block_n=128), p80.replace(num_stages=2),

@@ -95,7 +95,13 @@ def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
     return attrs
 
 
+_GLUON_KERNEL = {"fwd": "attn_fwd", "bwd": "attn_bwd_dkdv"}
+
+
 def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
+    if params.gluon and kernel == "attn_bwd_dkdv":
+        return {"HEAD_DIM": spec.head_dim, "OUTER": params.block_m, "INNER": params.block_n,
+                "STAGES": params.num_stages}
     if params.gluon:
         return {"HEAD_DIM": spec.head_dim, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n,
                 "STAGES": params.num_stages}
@@ -116,10 +122,14 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module = load_module(spec, params)
     if params.gluon:
-        yield "attn_fwd", _compile_gluon(module, spec, params, arch)
+        if spec.direction == "bwd":  # delta and dQ from the Triton template, dK/dV in Gluon
+            for name, kernel in compiled_kernels(spec, params.replace(gluon=0), arch):
+                if name != "attn_bwd_dkdv":
+                    yield name, kernel
+        yield _GLUON_KERNEL[spec.direction], _compile_gluon(load_module(spec, params), spec, params, arch)
         return
+    module = load_module(spec, params)
     for name in kernels_of(spec, params):
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
@@ -137,29 +147,34 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon import descriptor_layout
+    from .gluon import descriptor_boxes, descriptor_layout
 
-    fn = module.attn_fwd
-    element = _TRITON_TYPES[spec.dtype]
-    constexprs = {**_constexprs(spec, params, "attn_fwd"), "num_warps": module.LAUNCH["num_warps"]}
-    rows = {"Q": module.Q_ROWS, "O": module.Q_ROWS, "K": params.block_n, "V": params.block_n}
+    fn = getattr(module, _GLUON_KERNEL[spec.direction])
+    constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
+    if spec.direction == "fwd":
+        boxes = dict(zip("QKVO", descriptor_boxes(spec, params)))
+    else:  # the dK/dV kernel: its own block_m keys, block_n queries per step
+        rows = {"Q": params.block_n, "DO": params.block_n, **{t: params.block_m for t in ("K", "V", "DK", "DV")}}
+        boxes = {name: [1, 1, r, spec.head_dim] for name, r in rows.items()}
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in rows:
-            block = [1, 1, rows[name], spec.head_dim]
-            signature[name] = f"tensordesc<{element}[{','.join(map(str, block))}],{descriptor_layout(block, spec.dtype)!r}>"
-        elif name == "LSE":
+        elif name in boxes:
+            dtype = spec.out_dtype if name == "O" else spec.dtype
+            box = boxes[name]
+            signature[name] = (f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],"
+                               f"{descriptor_layout(box, dtype)!r}>")
+        elif name in ("LSE", "DELTA") or name.startswith("DESCALE"):
             signature[name] = "*fp32"
         elif name == "sm_scale":
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
     keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    attrs = {(fn.arg_names.index("LSE"),): [["tt.divisibility", 16]]}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA") if name in fn.arg_names}
     source = GluonASTSource(fn, signature, keys, attrs)
-    options = {"num_warps": module.LAUNCH["num_warps"], "maxnreg": module.LAUNCH["maxnreg"]}
+    options = dict(module.LAUNCH)
     return triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
 
 

@@ -52,12 +52,16 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     if spec.direction == "bwd":
         resident = 2 * params.block_m * dp * elt
         streamed = 2 * stages * params.block_n * dp * elt
+        if params.gluon:  # the Gluon dK/dV kernel keeps P and dS in registers
+            return resident + streamed
         staged_dq = params.block_n * dp * 4 if params.dq_mode == "tma_reduce" else 0
         return resident + streamed + 2 * params.block_m * params.block_n * elt + staged_dq
     q = params.block_m * dp * elt
     kv = 2 * stages * params.block_n * dp * elt
     p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0
-    return q + kv + p
+    # the Gluon forward's own O buffer (bf16 for fp8; a persistent program's Q buffer is busy)
+    o = params.block_m * dp * 2 if params.gluon and (spec.fp8 or params.persistent) else 0
+    return q + kv + p + o
 
 
 def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:

@@ -1,14 +1,23 @@
 """What the Gluon forward's host side must agree on with its kernel: the shared-memory
 layout of each descriptor box (part of the descriptor's type, so the launch and an
-ahead-of-time compile must build the same one)."""
+ahead-of-time compile must build the same one), and the boxes themselves."""
 
 from __future__ import annotations
 
 
 def descriptor_layout(block: list[int], dtype: str):
-    """The swizzled shared-memory layout wgmma reads a (1, 1, rows, D) box of ``dtype``
-    ("fp16" or "bf16") from."""
+    """The swizzled shared-memory layout wgmma reads a 4-D box of ``dtype`` ("fp16", "bf16" or
+    "fp8e4m3") from."""
     from triton.experimental.gluon import language as gl
 
-    element = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    element = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp8e4m3": gl.float8e4nv}[dtype]
     return gl.NVMMASharedLayout.get_default_for(block, element)
+
+
+def descriptor_boxes(spec, params) -> tuple[list[int], ...]:
+    """The boxes of the Q, K, V and O descriptors: each compute partition loads and stores
+    its own rows of Q and O; fp8's V is transposed, (B, H, D, N), so its box is (D x keys)."""
+    rows = params.block_m // params.gluon
+    d = spec.head_dim
+    v = [1, 1, d, params.block_n] if spec.fp8 else [1, 1, params.block_n, d]
+    return [1, 1, rows, d], [1, 1, params.block_n, d], v, [1, 1, rows, d]

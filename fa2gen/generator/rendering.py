@@ -12,10 +12,11 @@ from .spec import KernelSpec, SpecError, TuningParams, unsupported
 
 # Each direction's Triton template, and the forward's Gluon one (TuningParams.gluon > 0).
 TEMPLATES = {"fwd": "attn_fwd.py.jinja", "bwd": "attn_bwd.py.jinja"}
-GLUON_TEMPLATE = "attn_fwd_gluon.py.jinja"
+GLUON_TEMPLATES = {"fwd": "attn_fwd_gluon.py.jinja", "bwd": "attn_bwd_gluon.py.jinja"}
+GLUON_TEMPLATE = GLUON_TEMPLATES["fwd"]
 # The other templates a direction renders from. A tuned entry chose among all of its
 # direction's templates, so the direction's hash covers them all.
-EXTRA_TEMPLATES = {"fwd": (GLUON_TEMPLATE,), "bwd": ()}
+EXTRA_TEMPLATES = {"fwd": (GLUON_TEMPLATES["fwd"],), "bwd": (GLUON_TEMPLATES["bwd"],)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,7 +42,7 @@ def template_source(direction: str) -> str:
 
 
 def template_file(spec: KernelSpec, params: TuningParams) -> str:
-    return GLUON_TEMPLATE if params.gluon else TEMPLATES[spec.direction]
+    return GLUON_TEMPLATES[spec.direction] if params.gluon else TEMPLATES[spec.direction]
 
 
 @functools.lru_cache(maxsize=None)

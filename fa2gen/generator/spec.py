@@ -125,7 +125,11 @@ class TuningParams:
         each) run the matmuls and the softmax. With 2, each 64-row warp group is a partition
         of its own and hands ring slots back on its own, so one group's softmax can run while
         the other's matmuls occupy the tensor cores. It reads through host descriptors
-        (loads="tma_host"), for fp16/bf16, head dims 64 and 128, no mask or causal.
+        (loads="tma_host"), for fp16, bf16 and fp8, head dims 64 and 128, no mask or causal;
+        with persistent > 0 its programs walk tiles, each loader fetching the next tile while
+        its compute partitions finish the last one. Backward: 1 writes the dK/dV kernel in
+        Gluon (its matmuls overlapped with the exponentials and dS); delta and dQ stay the
+        Triton template's, with the same tiles.
     """
 
     block_m: int = 64
@@ -208,16 +212,14 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
 
 
 def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
-    if spec.direction != "fwd":
-        return "gluon is a forward knob; the backward takes the default 0"
-    if spec.dtype not in ("fp16", "bf16"):
-        return f"the Gluon forward takes fp16 or bf16, not {spec.dtype}"
+    if spec.direction == "bwd":
+        return _gluon_bwd_unsupported(spec, params)
     if spec.mask not in ("none", "causal") or spec.softcap:
         return "the Gluon forward takes no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:
         return f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-    if params.loads != "tma_host" or params.persistent:
-        return "the Gluon forward reads through host descriptors on a plain grid: loads=tma_host, persistent=0"
+    if params.loads != "tma_host":
+        return "the Gluon forward reads through host descriptors: loads=tma_host"
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_TILES:
         return f"the Gluon forward's tiles are {GLUON_TILES} rows"
     if params.gluon == 2 and params.block_m != 128:
@@ -226,6 +228,27 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "the Gluon forward runs block_m // 16 compute warps (16 query rows each)"
     if params.num_stages < 2:
         return "the Gluon forward's K/V ring needs num_stages >= 2"
+    return None
+
+
+GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
+
+
+def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
+    if params.gluon != 1:
+        return "the backward's Gluon dK/dV kernel has one compute partition: gluon=1"
+    if spec.mask not in ("none", "causal") or spec.softcap:
+        return "the Gluon dK/dV kernel takes no mask or a causal one, without softcap"
+    if spec.head_dim not in GLUON_HEAD_DIMS:
+        return f"the Gluon dK/dV kernel takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
+    if params.loads != "tma_host" or params.dq_mode != "separate":
+        return "the Gluon dK/dV kernel reads through host descriptors, dQ in its own kernel: loads=tma_host, dq_mode=separate"
+    if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
+        return f"the Gluon dK/dV kernel owns {GLUON_TILES} keys and steps {GLUON_BWD_STEPS} queries"
+    if params.num_warps != params.block_m // 16:
+        return "the Gluon dK/dV kernel runs block_m // 16 warps (16 keys each)"
+    if params.num_stages < 2:
+        return "the Gluon dK/dV kernel's Q/dO ring needs num_stages >= 2"
     return None
 
 

@@ -8,7 +8,7 @@ import torch
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TuningParams, pass_rows
 from .interpreter import patch_interpreter
-from .launch import effective_params, host_descriptor, window_extents
+from .launch import effective_params, gluon_ready, host_descriptor, window_extents
 from .problem import Problem
 
 
@@ -37,6 +37,12 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     if interpreting():
         patch_interpreter()
     spec = problem.kernel_spec("bwd")
+    gluon_dkdv = None
+    if params.gluon:
+        # The dK/dV kernel in Gluon where it can run; delta and dQ from the Triton template
+        gluon_params, params = params, params.replace(gluon=0)
+        if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=problem.heads_kv):
+            gluon_dkdv = gluon_params
     # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
     params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
     module = load_module(spec, params)
@@ -75,10 +81,13 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     if atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
         dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
         dkdv_args += (host_descriptor(dq_acc, params.block_n, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
-    run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
-        *dkdv_args,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        hkv, problem.group, nq, nk, *scalars, **tiles)
+    if gluon_dkdv is not None:
+        _gluon_dkdv(spec, gluon_dkdv, q, k, v, dout, dk, dv, lse, delta, problem, run)
+    else:
+        run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
+            *dkdv_args,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+            hkv, problem.group, nq, nk, *scalars, **tiles)
     if atomic:
         run(module.attn_bwd_dq_store, (-(-nq // rows) * b * hq,),
             dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=rows, launch=passes, **dims)
@@ -88,3 +97,25 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
         hq, problem.group, nq, nk, *scalars, **tiles)
     return dq, dk, dv
+
+
+def _gluon_dkdv(spec, params: TuningParams, q, k, v, dout, dk, dv, lse, delta, problem: Problem, run) -> None:
+    """The Gluon dK/dV kernel (attn_bwd_gluon.py.jinja): one program per block of block_m keys
+    of one k/v head, walking block_n queries at a time of each of its query heads."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ..generator.gluon import descriptor_layout
+
+    module = load_module(spec, params)
+    d = problem.head_dim
+
+    def desc(t, rows):
+        box = [1, 1, rows, d]
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), box, descriptor_layout(box, spec.dtype))
+
+    outer, inner = params.block_m, params.block_n
+    grid = (-(-problem.seqlen_k // outer), problem.batch * problem.heads_kv)
+    run(module.attn_bwd_dkdv, grid,
+        desc(q, inner), desc(k, outer), desc(v, outer), desc(dout, inner), desc(dk, outer), desc(dv, outer),
+        lse, delta, problem.heads_kv, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale,
+        HEAD_DIM=d, OUTER=outer, INNER=inner, STAGES=params.num_stages, launch=module.LAUNCH)

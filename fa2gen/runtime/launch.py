@@ -57,24 +57,31 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
     return params
 
 
-# The Gluon forward's grid puts batch * heads on its second axis, which CUDA caps.
+# A plain Gluon grid puts batch * heads on its second axis, which CUDA caps.
 _GRID_Y_MAX = 65535
 
 
-def gluon_device_ready(problem: Problem, device: torch.device) -> bool:
-    """Whether the Gluon forward can run ``problem`` on ``device``: compiled Triton on a
-    Hopper GPU (wgmma exists on sm90 only), and a grid CUDA accepts."""
-    if interpreting() or device.type != "cuda" or problem.batch * problem.heads_q > _GRID_Y_MAX:
+def gluon_device_ready(problem: Problem, device: torch.device, *, persistent: int = 0,
+                       heads: int | None = None) -> bool:
+    """Whether a Gluon kernel can run ``problem`` on ``device``: compiled Triton on a Hopper
+    GPU (wgmma exists on sm90 only), and a grid CUDA accepts (a persistent one numbers its
+    tiles in 32 bits; a plain one has batch * ``heads`` programs on its second axis: the
+    query heads, or the backward's k/v heads)."""
+    heads = problem.heads_q if heads is None else heads
+    tiles_fit = (problem.batch * problem.heads_q * problem.seqlen_q < 2**31 if persistent
+                 else problem.batch * heads <= _GRID_Y_MAX)
+    if interpreting() or device.type != "cuda" or not tiles_fit:
         return False
     from .device import cuda_device_info
 
     return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).capability[0] == 9
 
 
-def gluon_ready(problem: Problem, *tensors: torch.Tensor) -> bool:
-    """Whether the Gluon forward can run this call: on the tensors' device, and on tensors a
-    descriptor can address."""
-    return gluon_device_ready(problem, tensors[0].device) and tma_compatible(*tensors)
+def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, heads: int | None = None) -> bool:
+    """Whether a Gluon kernel can run this call: on the tensors' device (``gluon_device_ready``),
+    and on tensors a descriptor can address."""
+    return (gluon_device_ready(problem, tensors[0].device, persistent=persistent, heads=heads)
+            and tma_compatible(*tensors))
 
 
 def host_descriptor(t: torch.Tensor, rows: int, cols: int):
@@ -125,7 +132,7 @@ class Launch:
         self._fallback = None
         self._gluon_device = None  # the device the Gluon forward was found to run on
         if params.gluon:
-            self._init_gluon(problem, params)
+            self._init_gluon(problem, params, sm_count)
             return
         dp = spec.head_dim_padded
         left, right = window_extents(problem)
@@ -151,14 +158,19 @@ class Launch:
         v_block = (dp, params.block_n) if spec.fp8 else (params.block_n, dp)
         self.blocks = ((params.block_m, dp), (params.block_n, dp), v_block, (params.block_m, dp))
 
-    def _init_gluon(self, problem: Problem, params: TuningParams) -> None:
-        # (query tiles, batch * heads); each compute partition's Q and O boxes hold its rows
-        self.grid = (-(-problem.seqlen_q // params.block_m), problem.batch * problem.heads_q)
-        self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale)
+    def _init_gluon(self, problem: Problem, params: TuningParams, sm_count: int | None) -> None:
+        # One program per (query block, batch * head) tile, or a persistent grid walking them
+        num_m = -(-problem.seqlen_q // params.block_m)
+        tiles = num_m * problem.batch * problem.heads_q
+        self.grid = (num_m, problem.batch * problem.heads_q)
+        if params.persistent:
+            self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
+        self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, tiles)
         self.constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
                                STAGES=params.num_stages)
-        rows = params.block_m // params.gluon
-        self.blocks = tuple([1, 1, r, problem.head_dim] for r in (rows, params.block_n, params.block_n, rows))
+        from ..generator.gluon import descriptor_boxes
+
+        self.blocks = descriptor_boxes(self.spec, params)
         self.layouts = None  # built with the module, on the first run
 
     def fallback(self) -> "Launch":
@@ -186,7 +198,8 @@ class Launch:
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
         if self.params.gluon:
             # The device's verdict once per device; the tensors' on every call.
-            if q.device != self._gluon_device and gluon_device_ready(self.problem, q.device):
+            if q.device != self._gluon_device and gluon_device_ready(self.problem, q.device,
+                                                                     persistent=self.params.persistent):
                 self._gluon_device = q.device
             runs_here = q.device == self._gluon_device and tma_compatible(q, k, v, out)
         else:
@@ -202,25 +215,31 @@ class Launch:
     def prepared(self, q, k, v, out, lse, descales=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
         already transposed), so that ``kernel[self.grid](*arguments, **options)`` runs it;
-        benchmarks/overhead.py times that bare launch."""
+        benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
+        if self.spec.fp8 and descales is None:
+            descales = check_descales(self.problem, q.device, None, None, None)
         if self.module is None:
             if self.params.gluon:
                 from ..generator.gluon import descriptor_layout
 
                 # layouts first: another thread's first call may see the module set and use them
-                self.layouts = tuple(descriptor_layout(block, self.spec.dtype) for block in self.blocks)
+                dtypes = (self.spec.dtype,) * 3 + (self.spec.out_dtype,)
+                self.layouts = tuple(descriptor_layout(block, dt) for block, dt in zip(self.blocks, dtypes))
             elif interpreting():
                 patch_interpreter()
             self.module = load_module(self.spec, self.params)
         kernel = self.module.attn_fwd
+        if self.grid is None:  # persistent, first run: as many programs as the SMs hold
+            self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         if self.params.gluon:
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
             args = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
                     for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)]
-            return kernel, [*args, lse, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
-        if self.grid is None:  # persistent, first run: as many programs as the SMs hold
-            self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
+            args.append(lse)
+            if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
+                args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
+            return kernel, [*args, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
         if self.params.loads == "tma_host":
             args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
             args.append(lse)

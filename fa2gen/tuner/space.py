@@ -58,9 +58,11 @@ SPACES = {
     "sm86": SearchSpace("sm86", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
     "sm89": SearchSpace("sm89", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
     # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids of two
-    # programs per SM, and the warp-specialised Gluon forward. One program per SM halves
-    # occupancy and measured 0.32-0.78x the plain grid on the H200
-    # (benchmarks/results/persistent-ab-h200.txt), so it is not searched.
+    # programs per SM, and the warp-specialised Gluon forward. One Triton program per SM
+    # halves occupancy and measured 0.32-0.78x the plain grid on the H200
+    # (benchmarks/results/persistent-ab-h200.txt), so it is not searched. A 128-row Gluon
+    # program fills an SM alone: its grid of two per SM runs as two waves of persistent
+    # programs, each walking half as many tiles, which costs one more prologue per SM.
     "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
                         persistent=(0, 2), gluon=(0, 1, 2)),
 }
@@ -95,6 +97,9 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # spilling, benchmarks/results/registers-bwd-sm90.json.)
     if space.arch == "sm90" and spec.direction == "fwd" and params.num_warps == 8 and params.block_m < 128:
         return "8 warps on sm90 need block_m >= 128 (two 64-row warp groups)"
+    # ptxas for sm90: 24-228 B spilled at 168 registers (fp16 D=64 to bf16 D=128); 128 x 64 none
+    if params.gluon and params.persistent and params.block_m == 128 and params.block_n == 128:
+        return "a persistent Gluon program on 128 x 128 tiles spills (its tile loop holds more registers)"
     return None
 
 
@@ -111,7 +116,8 @@ BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
-                      ("separate",) if arch == "sm90" else ("separate", "atomic"))
+                      ("separate",) if arch == "sm90" else ("separate", "atomic"),
+                      gluon=(0, 1) if arch == "sm90" else (0,))
     for arch in SPACES
 }
 
@@ -145,17 +151,31 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
 # (benchmarks/results/gluon/gluon-fwd-h200.json) two 64-row partitions on 128 x 128 tiles with
 # two stages won 10 of 12 canonical cells among the Gluon forms, and one 64-row partition
 # on 64 x 64 tiles with three stages was next at D=128. (One 64-row partition on 64 x 128
-# tiles spills at D=128 under its 128-register limit.)
+# tiles spills at D=128 under its 128-register limit.) The persistent form is for short
+# sequences, where a tile's prologue and epilogue are a large share of its time; on 128 x 128
+# tiles it spills at 168 registers (its tile loop holds more), on 128 x 64 it does not.
 GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=2),
+)
+
+
+# The backward's Gluon dK/dV kernel (delta and dQ stay Triton's, with the same tiles): on the
+# H200 (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program and 64 queries a step
+# ran 1.27x fa2gen's dK/dV kernel, the best of five forms; 128 x 32 is the Triton dQ kernel's
+# own favourite tile at D=128 (the shipped backward defaults).
+GLUON_BWD_CANDIDATES = (
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
+    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
 )
 
 
 def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> list[TuningParams]:
     """The Gluon candidates that ``space`` holds and ``bucket`` can run."""
-    return [p for p in GLUON_CANDIDATES if prune_reason(space, spec, bucket, p) is None]
+    candidates = GLUON_BWD_CANDIDATES if spec.direction == "bwd" else GLUON_CANDIDATES
+    return [p for p in candidates if prune_reason(space, spec, bucket, p) is None]
 
 
 def space_for(arch: str, direction: str = "fwd") -> SearchSpace:

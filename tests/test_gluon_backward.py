@@ -1,0 +1,129 @@
+"""The backward's Gluon dK/dV kernel (TuningParams.gluon = 1 on a backward spec): its rules,
+rendering, ahead-of-time compile for sm90 (on CPU), the tuner's candidates, and on the GPU
+(marker ``gpu``) gradients through it by flash-attention's rule on odd shapes."""
+
+import ast
+import hashlib
+import textwrap
+
+import pytest
+import torch
+from helpers import compiled_child, gluon_cases
+
+from fa2gen.generator import rendering
+from fa2gen.generator.rendering import render, template_hash
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
+from fa2gen.store.buckets import Bucket
+from fa2gen.tuner.space import GLUON_BWD_CANDIDATES, gluon_candidates, space_for
+
+BWD = KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")
+G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1)
+
+
+@pytest.mark.parametrize("spec,params,match", [
+    (BWD, G64.replace(gluon=2, block_m=128, num_warps=8), "gluon=1"),
+    (KernelSpec(direction="bwd", head_dim=64, mask="local"), G64, "causal"),
+    (KernelSpec(direction="bwd", head_dim=64, softcap=True), G64, "softcap"),
+    (KernelSpec(direction="bwd", head_dim=96), G64, "head dims"),
+    (BWD, G64.replace(loads="pointer"), "tma_host"),
+    (BWD, G64.replace(dq_mode="atomic"), "dq_mode=separate"),
+    (BWD, G64.replace(block_n=128), "steps"),
+    (BWD, G64.replace(num_warps=8), "16 keys each"),
+    (BWD, G64.replace(num_stages=1), "num_stages >= 2"),
+])
+def test_rules_name_what_the_gluon_dkdv_kernel_cannot_do(spec, params, match):
+    assert match in unsupported(spec, params)
+    with pytest.raises(SpecError, match=match):
+        render(spec, params, name="x")
+
+
+def test_gluon_points_render_one_kernel_each():
+    points = [p for p in param_space(BWD) if p.gluon]
+    # (64 | 128 keys) x (32 | 64 queries) x 4 stage counts
+    assert len(points) == 2 * 2 * 4
+    bodies = set()
+    for p in points:
+        src = render(BWD, p, name="x")
+        tree = ast.parse(src)
+        assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == \
+            ["attn_bwd_dkdv"]
+        bodies.add(src.split("\nLOG2E", 1)[1])
+    assert len(bodies) == 1  # tiles and stages are constexprs, not code
+
+
+def test_the_backward_hash_covers_the_gluon_template():
+    sources = [rendering.template_source("bwd"), rendering._file_source(rendering.GLUON_TEMPLATES["bwd"])]
+    assert template_hash("bwd") == hashlib.sha256("".join(sources).encode()).hexdigest()[:16]
+
+
+_CHILD = textwrap.dedent(r"""
+    import json
+    from fa2gen.generator.ahead import compile_for
+    from fa2gen.generator.spec import KernelSpec
+    from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
+    out = []
+    for spec in (KernelSpec(direction="bwd", dtype="fp16", head_dim=64),
+                 KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")):
+        for params in GLUON_BWD_CANDIDATES:
+            r = compile_for(spec, params, "sm90")
+            out.append({"label": params.label(), "d": spec.head_dim,
+                        "kernels": {k: [v.registers, v.spill_bytes] for k, v in r.items()}})
+    print(json.dumps(out))
+""")
+
+
+def test_compiles_for_sm90_without_spills():
+    """Its three kernels (delta and dQ from the Triton template, dK/dV in Gluon)."""
+    got = compiled_child(_CHILD)
+    assert len(got) == 2 * len(GLUON_BWD_CANDIDATES)
+    for k in got:
+        assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dq", "attn_bwd_dkdv"}, k
+        assert all(spill == 0 for _, spill in k["kernels"].values()), k
+
+
+def test_tuner_measures_the_gluon_dkdv_candidates():
+    space = space_for("sm90", "bwd")
+    assert space.gluon == (0, 1) and space_for("sm80", "bwd").gluon == (0,)
+    bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
+    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
+    other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
+    assert gluon_candidates(space, other.kernel_spec(), other) == []
+
+
+# (B, Hq, Hkv, Nq, Nk, D), causal, layout: GQA, Nq != Nk both ways (causal rows that see no
+# key), odd lengths, strided (B, N, H, D) inputs, a long sequence
+ODD = [
+    ((2, 6, 2, 200, 333, 64), True, "bhnd"),
+    ((2, 6, 2, 333, 200, 64), True, "bhnd"),
+    ((3, 8, 1, 129, 129, 128), False, "bhnd"),
+    ((2, 4, 4, 257, 257, 128), True, "bnhd"),
+    ((1, 8, 2, 2048 + 33, 2048 + 33, 128), True, "bhnd"),
+]
+
+
+@gluon_cases(GLUON_BWD_CANDIDATES, ODD, "the Gluon dK/dV kernel")
+def test_gradients_through_the_gluon_dkdv_kernel(monkeypatch, params, dtype, shape, causal, layout):
+    import fa2gen
+    import fa2gen.runtime.autograd as autograd
+    from fa2gen.bench.correctness import check_backward
+    from fa2gen.runtime.defaults import default_params
+    from fa2gen.runtime.dispatch import clear_memo
+    from fa2gen.runtime.launch import gluon_ready
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_qkv
+
+    def choose(problem, dev, direction):
+        return params if direction == "bwd" else default_params(problem.kernel_spec(), dev.arch, problem.seqlen_q)
+
+    monkeypatch.setattr(autograd, "select_params", choose)
+    clear_memo()
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    problem = make_problem(q, k, v, causal=causal)
+    assert gluon_ready(problem, q, k, v)  # the Gluon kernel itself runs
+    out = fa2gen.attention(q, k, v, causal=causal)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    clear_memo()
+    verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
+    assert verdict.ok, str(verdict)
