@@ -3,7 +3,10 @@
 Times each step of a call in isolation (validation, dispatch, output allocation,
 descriptor construction, Triton's launch) and profiles a run of whole calls with
 cProfile, so that per-call host work can be cut where it is largest. Short causal cells
-are host-bound when a call costs more host time than the kernel takes on the GPU.
+are host-bound when a call costs more host time than the kernel takes on the GPU. The
+backward is timed the same way: a gradient through autograd, and the three kernels'
+launches (delta, dK/dV, dQ) with the dispatched params and, on sm90, with the Gluon dK/dV
+kernel.
 
 The problem is tiny (B=1, H=2, N=512, D=128, causal: a few microseconds on the GPU) so
 that the GPU never holds the host back: with a real cell, launches queue up behind the
@@ -27,8 +30,10 @@ import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.backward import backward
 from fa2gen.runtime.launch import Launch, effective_params, forward, host_descriptor
 from fa2gen.runtime.problem import make_problem
+from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
 from overhead import host_us  # the same loop as overhead.py (this folder is on sys.path when run)
 
 
@@ -61,6 +66,16 @@ def main(out_path):
         "Triton launch, prebuilt descriptors": launch,
         "empty CUDA op (torch.zeros_like(1 elem))": lambda: torch.zeros(1, device="cuda"),
     }
+    # The backward's host path: its gradients through autograd, and backward() alone
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    og, lse_g = fa2gen.attention(qg, kg, vg, causal=True, return_lse=True)
+    dout = torch.randn_like(og)
+    bwd_params = select_params(pr, dev, "bwd")
+    pieces["gradients through autograd"] = lambda: torch.autograd.grad(og, (qg, kg, vg), dout, retain_graph=True)
+    pieces[f"backward() {bwd_params.label()}"] = lambda: backward(q, k, v, og, lse_g, dout, pr, bwd_params)
+    if dev.capability[0] == 9:
+        gluon = GLUON_BWD_CANDIDATES[0]
+        pieces[f"backward() {gluon.label()}"] = lambda: backward(q, k, v, og, lse_g, dout, pr, gluon)
     pieces["attention() again, last"] = pieces["attention()"]
     result = {"device": torch.cuda.get_device_name(), "cell": case.label(), "params": params.to_dict(),
               "per_call_us": {name: round(host_us(fn, n=2000), 2) for name, fn in pieces.items()}}

@@ -127,3 +127,61 @@ def test_gradients_through_the_gluon_dkdv_kernel(monkeypatch, params, dtype, sha
     clear_memo()
     verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
     assert verdict.ok, str(verdict)
+
+
+class _Kernels:
+    """Test seam standing in for a compiled backward module on CPU: records each launch's
+    kernel name and arguments instead of running it (no GPU here to run them)."""
+
+    LAUNCH = dict(num_warps=4)
+
+    def __init__(self, launches):
+        self._launches = launches
+
+    def __getattr__(self, name):
+        launches = self._launches
+
+        class _Kernel:
+            def __getitem__(self, grid):
+                return lambda *args, **kw: launches.append((name, args))
+        return _Kernel()
+
+
+def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monkeypatch):
+    # Host time decides the short cells: per call, the Gluon dK/dV launch builds its six
+    # descriptors on layouts made once, and no Triton dK/dV descriptors are built for nothing.
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    import fa2gen.runtime.backward as bwd
+    from fa2gen.generator import gluon
+    from fa2gen.runtime.problem import make_problem
+
+    launches, built = [], {"layouts": 0, "host descriptors": 0}
+    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _Kernels(launches))
+    monkeypatch.setattr(bwd, "gluon_ready", lambda *a, **kw: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled path, not the interpreter's
+
+    def counted(fn, what):
+        def wrapper(*args, **kwargs):
+            built[what] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(bwd, "host_descriptor", counted(bwd.host_descriptor, "host descriptors"))
+    monkeypatch.setattr(gl.NVMMASharedLayout, "get_default_for",
+                        staticmethod(counted(gl.NVMMASharedLayout.get_default_for, "layouts")))
+    gluon._layout.cache_clear()
+    q, k, v, out, dout = (torch.randn(2, 3, 96, 128, dtype=torch.bfloat16) for _ in range(5))
+    lse = torch.randn(2, 3, 96)
+    problem = make_problem(q, k, v, causal=True)
+    for _ in range(3):
+        launches.clear()
+        bwd.backward(q, k, v, out, lse, dout, problem, G64)
+        assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
+        dkdv, dq = launches[1][1], launches[2][1]
+        assert sum(isinstance(a, GluonDescriptor) for a in dkdv) == 6
+        assert not any(isinstance(a, TensorDescriptor) for a in dkdv)
+        assert sum(isinstance(a, TensorDescriptor) for a in dq) == 5
+    assert built == {"layouts": 1, "host descriptors": 3 * 5}  # one box shape here: one layout

@@ -4,14 +4,23 @@ ahead-of-time compile must build the same one), and the boxes themselves."""
 
 from __future__ import annotations
 
+import functools
 
-def descriptor_layout(block: list[int], dtype: str):
+
+def descriptor_layout(block, dtype: str):
     """The swizzled shared-memory layout wgmma reads a 4-D box of ``dtype`` ("fp16", "bf16" or
     "fp8e4m3") from."""
+    return _layout(tuple(block), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(block: tuple[int, ...], dtype: str):
+    # Built once per box: Gluon derives it through its JIT path, about 25 us each, which a
+    # launch building six descriptors would otherwise pay on every call. Layouts are frozen.
     from triton.experimental.gluon import language as gl
 
     element = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp8e4m3": gl.float8e4nv}[dtype]
-    return gl.NVMMASharedLayout.get_default_for(block, element)
+    return gl.NVMMASharedLayout.get_default_for(list(block), element)
 
 
 def descriptor_boxes(spec, params) -> tuple[list[int], ...]:

@@ -3,6 +3,8 @@ atomics from the dK/dV kernel and a store)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..generator.cache import interpreting, load_module
@@ -40,7 +42,7 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     gluon_dkdv = None
     if params.gluon:
         # The dK/dV kernel in Gluon where it can run; delta and dQ from the Triton template
-        gluon_params, params = params, params.replace(gluon=0)
+        gluon_params, params = params, _triton_part(params)
         if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=problem.heads_kv):
             gluon_dkdv = gluon_params
     # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
@@ -66,24 +68,21 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
     scalars = (problem.sm_scale, problem.softcap, left, right)
     atomic = params.dq_mode != "separate"
-    if params.loads == "tma_host":
-        def tile(t, rows):
-            return host_descriptor(t, rows, dp)
+    descriptors = params.loads == "tma_host"
 
-        outer, inner = params.block_m, params.block_n
-        dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
-                     tile(dk, outer), tile(dv, outer))
-        if not atomic:
-            dq_args = (tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer))
-    else:
-        dkdv_args = (q, k, v, dout, lse, delta, dk, dv)
-        dq_args = (q, k, v, dout, lse, delta, dq)
+    def tile(t, rows):
+        return host_descriptor(t, rows, dp) if descriptors else t
+
+    outer, inner = params.block_m, params.block_n
     if atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
         dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
-        dkdv_args += (host_descriptor(dq_acc, params.block_n, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
-    if gluon_dkdv is not None:
+    if gluon_dkdv is not None:  # it builds its own descriptors (a Gluon kernel's carry a layout)
         _gluon_dkdv(spec, gluon_dkdv, q, k, v, dout, dk, dv, lse, delta, problem, run)
     else:
+        dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
+                     tile(dk, outer), tile(dv, outer))
+        if atomic:
+            dkdv_args += (host_descriptor(dq_acc, inner, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
         run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
             *dkdv_args,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
@@ -93,10 +92,16 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
             dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=rows, launch=passes, **dims)
         return dq, dk, dv
     run(module.attn_bwd_dq, (-(-nq // params.block_m) * b * hq,),
-        *dq_args,
+        tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
         hq, problem.group, nq, nk, *scalars, **tiles)
     return dq, dk, dv
+
+
+@functools.lru_cache(maxsize=256)
+def _triton_part(params: TuningParams) -> TuningParams:
+    # The params delta and dQ run with (dataclasses.replace costs ~10 us a call)
+    return params.replace(gluon=0)
 
 
 def _gluon_dkdv(spec, params: TuningParams, q, k, v, dout, dk, dv, lse, delta, problem: Problem, run) -> None:
