@@ -562,3 +562,17 @@ def test_a_study_of_mostly_pruned_points_ends(tmp_path):
     _, storage, _, [r] = _tune(tmp_path, [tiny], trials=12, sampler="brute")
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert r.trials < 12 <= len(study.get_trials()) <= MAX_ASKS_PER_TRIAL * 12 + 8
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "benchmarks" / "grids").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_the_benchmark_grids_name_buckets_of_the_built_in_grids(path):
+    # The GPU scripts tune these slices of the shipped buckets; one that parsed to nothing,
+    # or to buckets outside the built-in grids, would tune what nothing dispatches.
+    from fa2gen.tuner.grid import read_grid
+
+    buckets = read_grid(path)
+    assert buckets
+    built_in = {b.key for b in default_buckets(("fwd", "bwd"))}
+    fp8 = {b.key for b in buckets if b.dtype == "fp8e4m3"}
+    assert {b.key for b in buckets} - fp8 <= built_in
