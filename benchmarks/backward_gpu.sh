@@ -2,8 +2,11 @@
 # The backward pass's GPU measurements in one run, each step time-boxed so that one slow
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
-# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests gluon-tests dqab tplab sweep tune fwd
-#        fp8 gluon gluon-odd gluon-bwd bench fwdbwd memory train; default: tests dqab bench memory train). "tests" runs the whole
+# usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests gluon-tests dqab bwdsplit hostprof tplab
+#        sweep tune fwd fp8 gluon gluon-odd gluon-bwd bench fwdbwd memory train; default: tests dqab bench memory train).
+#        "bwdsplit" times each backward kernel and the dQ kernel on tiles of its own
+#        (benchmarks/experiments/bwd_split.py); "hostprof" the host time of a call, piece by
+#        piece (benchmarks/host_profile.py). "tests" runs the whole
 #        GPU suite. "fwd", "bench" and "fwdbwd" time the forward, the backward and both; "fp8" the fp8
 #        forward against fa2gen's own bf16 and cuDNN, where its time goes, and its accuracy; "gluon"
 #        times the Gluon forward variants of benchmarks/experiments/gluon_fwd.py on the canonical grid
@@ -52,6 +55,8 @@ for step in $steps; do
     gluon-tests) run gluon-tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gluon_forward.py \
                    tests/test_gluon_backward.py ;;
     dqab) run dq-ab 300 python3 benchmarks/dq_ab.py --out "$out/dq-ab-fp16.json" ;;
+    bwdsplit) run bwd-split 300 python3 benchmarks/experiments/bwd_split.py --out "$out/bwd-split-fp16.json" ;;
+    hostprof) run host-profile 120 python3 benchmarks/host_profile.py "$out/host-profile.json" ;;
     tplab)
       for dt in ${BENCH_DTYPES:-fp16 bf16}; do
         run "template-ab-$dt" 420 python3 benchmarks/template_ab.py --a "${AB_A:-fa2gen/templates/attn_bwd.py.jinja}" \
