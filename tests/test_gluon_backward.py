@@ -21,7 +21,6 @@ G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma
 
 
 @pytest.mark.parametrize("spec,params,match", [
-    (BWD, G64.replace(gluon=2, block_m=128, num_warps=8), "gluon=1"),
     (KernelSpec(direction="bwd", head_dim=64, mask="local"), G64, "causal"),
     (KernelSpec(direction="bwd", head_dim=64, softcap=True), G64, "softcap"),
     (KernelSpec(direction="bwd", head_dim=96), G64, "head dims"),
@@ -37,16 +36,16 @@ def test_rules_name_what_the_gluon_dkdv_kernel_cannot_do(spec, params, match):
         render(spec, params, name="x")
 
 
-def test_gluon_points_render_one_kernel_each():
-    points = [p for p in param_space(BWD) if p.gluon]
-    # (64 | 128 keys) x (32 | 64 queries) x 4 stage counts
+@pytest.mark.parametrize("gluon,kernels", [(1, ["attn_bwd_dkdv"]), (2, ["attn_bwd_dkdv", "attn_bwd_dq"])])
+def test_gluon_points_render_their_kernels(gluon, kernels):
+    points = [p for p in param_space(BWD) if p.gluon == gluon]
+    # (64 | 128 rows owned) x (32 | 64 rows a step) x 4 stage counts
     assert len(points) == 2 * 2 * 4
     bodies = set()
     for p in points:
         src = render(BWD, p, name="x")
         tree = ast.parse(src)
-        assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == \
-            ["attn_bwd_dkdv"]
+        assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == kernels
         bodies.add(src.split("\nLOG2E", 1)[1])
     assert len(bodies) == 1  # tiles and stages are constexprs, not code
 
@@ -73,7 +72,8 @@ _CHILD = textwrap.dedent(r"""
 
 
 def test_compiles_for_sm90_without_spills():
-    """Its three kernels (delta and dQ from the Triton template, dK/dV in Gluon)."""
+    """Its three kernels (delta from the Triton template, dK/dV in Gluon, dQ in Gluon with
+    gluon=2 and from the Triton template with gluon=1)."""
     got = compiled_child(_CHILD)
     assert len(got) == 2 * len(GLUON_BWD_CANDIDATES)
     for k in got:
@@ -81,9 +81,42 @@ def test_compiles_for_sm90_without_spills():
         assert all(spill == 0 for _, spill in k["kernels"].values()), k
 
 
+_SASS_CHILD = textwrap.dedent(r"""
+    import json, re, subprocess, tempfile
+    from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool
+    from fa2gen.generator.spec import KernelSpec
+    from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
+    out = {}
+    spec = KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")
+    params = [p for p in GLUON_BWD_CANDIDATES if p.gluon == 2][0]
+    for name, kernel in compiled_kernels(spec, params, "sm90"):
+        if name == "attn_bwd_delta":
+            continue
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            assemble(kernel, "sm90", cubin.name, name=name)
+            sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                                  text=True).stdout
+        # In SASS order: waits for <= 1 (W) and for 0 (Z) outstanding wgmma groups, and the
+        # exponentials (E). An E after a W and before the next Z runs under a matmul in flight.
+        waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([01])|(MUFU\.EX2)", sass)
+        order = "".join("E" if ex2 else "WZ"[wait == "0"] for wait, ex2 in waits)
+        out[name] = {"hgmma": sass.count("HGMMA"), "exp_under_mma": re.search("W[^Z]*E", order) is not None}
+    print(json.dumps(out))
+""")
+
+
+def test_the_gluon_kernels_run_their_exponentials_under_a_matmul():
+    # What the Gluon kernels are for: in both, ptxas keeps the exponentials between a wait
+    # that leaves the dP matmul in flight and the wait for it (HGMMA: Hopper's wgmma).
+    got = compiled_child(_SASS_CHILD)
+    assert set(got) == {"attn_bwd_dkdv", "attn_bwd_dq"}
+    for name, k in got.items():
+        assert k["hgmma"] > 0 and k["exp_under_mma"], (name, k)
+
+
 def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
-    assert space.gluon == (0, 1) and space_for("sm80", "bwd").gluon == (0,)
+    assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
@@ -101,8 +134,8 @@ ODD = [
 ]
 
 
-@gluon_cases(GLUON_BWD_CANDIDATES, ODD, "the Gluon dK/dV kernel")
-def test_gradients_through_the_gluon_dkdv_kernel(monkeypatch, params, dtype, shape, causal, layout):
+@gluon_cases(GLUON_BWD_CANDIDATES, ODD, "the Gluon backward")
+def test_gradients_through_the_gluon_backward_kernels(monkeypatch, params, dtype, shape, causal, layout):
     import fa2gen
     import fa2gen.runtime.autograd as autograd
     from fa2gen.bench.correctness import check_backward
@@ -147,7 +180,8 @@ class _Kernels:
         return _Kernel()
 
 
-def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monkeypatch):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monkeypatch, mode):
     # Host time decides the short cells: per call, the Gluon dK/dV launch builds its six
     # descriptors on layouts made once, and no Triton dK/dV descriptors are built for nothing.
     from triton.experimental.gluon import language as gl
@@ -178,10 +212,12 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
     problem = make_problem(q, k, v, causal=True)
     for _ in range(3):
         launches.clear()
-        bwd.backward(q, k, v, out, lse, dout, problem, G64)
+        bwd.backward(q, k, v, out, lse, dout, problem, G64.replace(gluon=mode))
         assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
         dkdv, dq = launches[1][1], launches[2][1]
         assert sum(isinstance(a, GluonDescriptor) for a in dkdv) == 6
         assert not any(isinstance(a, TensorDescriptor) for a in dkdv)
-        assert sum(isinstance(a, TensorDescriptor) for a in dq) == 5
-    assert built == {"layouts": 1, "host descriptors": 3 * 5}  # one box shape here: one layout
+        # gluon=2: the Gluon dQ kernel's five; gluon=1: the Triton dQ kernel's five
+        assert sum(isinstance(a, GluonDescriptor if mode == 2 else TensorDescriptor) for a in dq) == 5
+    # one box shape here: one layout; Triton descriptors only for the Triton dQ kernel
+    assert built == {"layouts": 1, "host descriptors": 0 if mode == 2 else 3 * 5}

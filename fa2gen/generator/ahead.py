@@ -95,11 +95,15 @@ def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
     return attrs
 
 
-_GLUON_KERNEL = {"fwd": "attn_fwd", "bwd": "attn_bwd_dkdv"}
+def _gluon_kernels(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
+    """The kernels a Gluon variant writes in Gluon (the backward's others are Triton's)."""
+    if spec.direction == "fwd":
+        return ("attn_fwd",)
+    return ("attn_bwd_dkdv", "attn_bwd_dq") if params.gluon == 2 else ("attn_bwd_dkdv",)
 
 
 def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
-    if params.gluon and kernel == "attn_bwd_dkdv":
+    if params.gluon and kernel in ("attn_bwd_dkdv", "attn_bwd_dq"):
         return {"HEAD_DIM": spec.head_dim, "OUTER": params.block_m, "INNER": params.block_n,
                 "STAGES": params.num_stages}
     if params.gluon:
@@ -123,11 +127,14 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
     from triton.compiler import ASTSource
 
     if params.gluon:
-        if spec.direction == "bwd":  # delta and dQ from the Triton template, dK/dV in Gluon
+        gluon_kernels = _gluon_kernels(spec, params)
+        if spec.direction == "bwd":  # delta (gluon=1: and dQ) from the Triton template
             for name, kernel in compiled_kernels(spec, params.replace(gluon=0), arch):
-                if name != "attn_bwd_dkdv":
+                if name not in gluon_kernels:
                     yield name, kernel
-        yield _GLUON_KERNEL[spec.direction], _compile_gluon(load_module(spec, params), spec, params, arch)
+        module = load_module(spec, params)
+        for name in gluon_kernels:
+            yield name, _compile_gluon(module, spec, params, arch, name)
         return
     module = load_module(spec, params)
     for name in kernels_of(spec, params):
@@ -140,21 +147,22 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
         yield name, triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
 
 
-def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str):
-    # The Gluon forward takes host descriptors whose shared-memory layout is part of their
-    # type; the launch options (warps of the default partition, register limit) are the module's.
+def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, kernel: str):
+    # Gluon kernels take host descriptors whose shared-memory layout is part of their type; the
+    # launch options (warps of the default partition, register limit) are the module's.
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .gluon import descriptor_boxes, descriptor_layout
 
-    fn = getattr(module, _GLUON_KERNEL[spec.direction])
+    fn = getattr(module, kernel)
     constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
     if spec.direction == "fwd":
         boxes = dict(zip("QKVO", descriptor_boxes(spec, params)))
-    else:  # the dK/dV kernel: its own block_m keys, block_n queries per step
-        rows = {"Q": params.block_n, "DO": params.block_n, **{t: params.block_m for t in ("K", "V", "DK", "DV")}}
+    else:  # block_m rows a program owns (dK/dV: keys, dQ: queries), block_n rows per step
+        owned = ("K", "V", "DK", "DV") if kernel == "attn_bwd_dkdv" else ("Q", "DO", "DQ")
+        rows = {t: params.block_m if t in owned else params.block_n for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}
         boxes = {name: [1, 1, r, spec.head_dim] for name, r in rows.items()}
     signature = {}
     for name in fn.arg_names:

@@ -119,7 +119,7 @@ class TuningParams:
     persistent (forward only): 0 launches one program per (query block, batch * head) tile;
         1 or 2 launch that many programs per SM, each walking tiles in turn, the heaviest
         causal tiles of every head first.
-    gluon (forward only, sm90): 0 renders the Triton template. 1 or 2 render the Gluon
+    gluon (sm90): 0 renders the Triton template. Forward: 1 or 2 render the Gluon
         template, a warp-specialised kernel: one loader warp streams K and V through the TMA
         into a ring of num_stages slots while the compute warps (block_m // 16, 16 query rows
         each) run the matmuls and the softmax. With 2, each 64-row warp group is a partition
@@ -129,7 +129,9 @@ class TuningParams:
         with persistent > 0 its programs walk tiles, each loader fetching the next tile while
         its compute partitions finish the last one. Backward: 1 writes the dK/dV kernel in
         Gluon (its matmuls overlapped with the exponentials and dS); delta and dQ stay the
-        Triton template's, with the same tiles.
+        Triton template's, with the same tiles. 2 writes the dQ kernel in Gluon as well
+        (block_m queries a program, block_n keys a step; the exponentials under dP's matmul,
+        each step's dQ matmul under the next step's loads).
     """
 
     block_m: int = 64
@@ -235,8 +237,8 @@ GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
 
 
 def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
-    if params.gluon != 1:
-        return "the backward's Gluon dK/dV kernel has one compute partition: gluon=1"
+    if params.gluon not in (1, 2):
+        return "the backward's Gluon kernels: gluon=1 (dK/dV) or gluon=2 (dK/dV and dQ)"
     if spec.mask not in ("none", "causal") or spec.softcap:
         return "the Gluon dK/dV kernel takes no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:

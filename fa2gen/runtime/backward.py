@@ -39,12 +39,14 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     if interpreting():
         patch_interpreter()
     spec = problem.kernel_spec("bwd")
-    gluon_dkdv = None
+    gluon = None
     if params.gluon:
-        # The dK/dV kernel in Gluon where it can run; delta and dQ from the Triton template
+        # The dK/dV kernel (gluon=2: and the dQ kernel) in Gluon where they can run; the rest
+        # from the Triton template on the same tiles. dQ's grid has a program per query head.
         gluon_params, params = params, _triton_part(params)
-        if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=problem.heads_kv):
-            gluon_dkdv = gluon_params
+        heads = problem.heads_q if gluon_params.gluon == 2 else problem.heads_kv
+        if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=heads):
+            gluon = gluon_params
     # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
     params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
     module = load_module(spec, params)
@@ -76,8 +78,10 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     outer, inner = params.block_m, params.block_n
     if atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
         dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
-    if gluon_dkdv is not None:  # it builds its own descriptors (a Gluon kernel's carry a layout)
-        _gluon_dkdv(spec, gluon_dkdv, q, k, v, dout, dk, dv, lse, delta, problem, run)
+    if gluon is not None:  # it builds its own descriptors (a Gluon kernel's carry a layout)
+        _gluon_kernels(spec, gluon, q, k, v, dout, dq, dk, dv, lse, delta, problem, run)
+        if gluon.gluon == 2:
+            return dq, dk, dv
     else:
         dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
                      tile(dk, outer), tile(dv, outer))
@@ -104,9 +108,12 @@ def _triton_part(params: TuningParams) -> TuningParams:
     return params.replace(gluon=0)
 
 
-def _gluon_dkdv(spec, params: TuningParams, q, k, v, dout, dk, dv, lse, delta, problem: Problem, run) -> None:
-    """The Gluon dK/dV kernel (attn_bwd_gluon.py.jinja): one program per block of block_m keys
-    of one k/v head, walking block_n queries at a time of each of its query heads."""
+def _gluon_kernels(spec, params: TuningParams, q, k, v, dout, dq, dk, dv, lse, delta, problem: Problem,
+                   run) -> None:
+    """The Gluon kernels of attn_bwd_gluon.py.jinja. dK/dV: one program per block of block_m
+    keys of one k/v head, walking block_n queries at a time of each of its query heads. With
+    gluon=2, dQ too: one program per block of block_m queries of one query head, walking
+    block_n keys at a time."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ..generator.gluon import descriptor_layout
@@ -119,8 +126,11 @@ def _gluon_dkdv(spec, params: TuningParams, q, k, v, dout, dk, dv, lse, delta, p
         return TensorDescriptor(t, list(t.shape), list(t.stride()), box, descriptor_layout(box, spec.dtype))
 
     outer, inner = params.block_m, params.block_n
-    grid = (-(-problem.seqlen_k // outer), problem.batch * problem.heads_kv)
-    run(module.attn_bwd_dkdv, grid,
+    shape = dict(HEAD_DIM=d, OUTER=outer, INNER=inner, STAGES=params.num_stages, launch=module.LAUNCH)
+    run(module.attn_bwd_dkdv, (-(-problem.seqlen_k // outer), problem.batch * problem.heads_kv),
         desc(q, inner), desc(k, outer), desc(v, outer), desc(dout, inner), desc(dk, outer), desc(dv, outer),
-        lse, delta, problem.heads_kv, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale,
-        HEAD_DIM=d, OUTER=outer, INNER=inner, STAGES=params.num_stages, launch=module.LAUNCH)
+        lse, delta, problem.heads_kv, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, **shape)
+    if params.gluon == 2:
+        run(module.attn_bwd_dq, (-(-problem.seqlen_q // outer), problem.batch * problem.heads_q),
+            desc(q, outer), desc(k, inner), desc(v, inner), desc(dout, outer), desc(dq, outer),
+            lse, delta, problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, **shape)
