@@ -20,8 +20,10 @@ import argparse
 import json
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fa2gen.bench.grid import Case, make_inputs
+from fa2gen.bench.timing import kernel_ms
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.backward import backward
 from fa2gen.runtime.device import cuda_device_info
@@ -44,26 +46,6 @@ CELLS = [(128, 4096, False), (128, 16384, False), (128, 4096, True), (128, 16384
          (64, 16384, True), (128, 1024, False)]
 
 
-def kernel_ms(fn, calls: int = 10) -> dict[str, float]:
-    """Mean GPU time per call of each kernel ``fn`` launches, by name (ms)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for event in prof.key_averages():
-        if event.device_type != DeviceType.CUDA:  # kernels, not their launches
-            continue
-        name = next((k for k in KERNELS if k in event.key), event.key[:60])
-        out[name] = out.get(name, 0.0) + event.device_time_total / 1e3 / calls
-    return out
-
-
 def cell(d: int, n: int, causal: bool, dtype: str) -> dict:
     case = Case(16384 // n, 2048 // d, n, d, causal, dtype)
     q, k, v = make_inputs(case, torch.device("cuda"))
@@ -73,23 +55,27 @@ def cell(d: int, n: int, causal: bool, dtype: str) -> dict:
     dout = torch.randn_like(out)
     flops = 2.5 * case.flops()
     shipped = select_params(problem, dev, "bwd")
-    row = {"cell": case.label(), "shipped": shipped.label(),
-           "shipped_ms": kernel_ms(lambda: backward(q, k, v, out, lse, dout, problem, shipped)), "dq_tiles": {}}
+
+    def split(params):
+        return kernel_ms(lambda: backward(q, k, v, out, lse, dout, problem, params), KERNELS)
+
+    row = {"cell": case.label(), "shipped": shipped.label(), "shipped_ms": split(shipped), "dq_tiles": {}}
     for p in DQ_TILES:
         try:
-            row["dq_tiles"][p.label()] = kernel_ms(lambda: backward(q, k, v, out, lse, dout, problem, p))["attn_bwd_dq"]
+            row["dq_tiles"][p.label()] = split(p)["attn_bwd_dq"]
         except Exception as e:  # a tile the spec rules refuse, or that does not fit: reported
             row["dq_tiles"][p.label()] = f"{type(e).__name__}: {str(e)[:80]}"
     qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
         row["cudnn_ms"] = sum(kernel_ms(lambda: torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)).values())
     total = sum(row["shipped_ms"].values())
-    timed = {k: v for k, v in row["dq_tiles"].items() if isinstance(v, float)}
+    timed = {label: ms for label, ms in row["dq_tiles"].items() if isinstance(ms, float)}
     best = min(timed, key=timed.get)
     with_best = total - row["shipped_ms"].get("attn_bwd_dq", 0.0) + timed[best]
     row.update(total_ms=total, best_dq=best, best_dq_ms=timed[best], with_best_dq_ms=with_best,
-               tflops=flops / total / 1e9, x_cudnn=row["cudnn_ms"] / total, x_cudnn_with_best_dq=row["cudnn_ms"] / with_best)
+               tflops=flops / total / 1e9, x_cudnn=row["cudnn_ms"] / total,
+               x_cudnn_with_best_dq=row["cudnn_ms"] / with_best)
     return row
 
 

@@ -342,25 +342,11 @@ def compiled(name: str, variant, d: int, causal: bool):
 
 def _dkdv_share(fn, calls: int = 5) -> float:
     """The fraction of ``fn``'s GPU kernel time spent in fa2gen's dK/dV kernel."""
-    from torch.profiler import ProfilerActivity, profile
+    from fa2gen.bench.timing import kernel_ms
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    from torch.autograd import DeviceType
-
-    total = dkdv = 0.0
-    for event in prof.key_averages():
-        if event.device_type != DeviceType.CUDA:  # kernels only, not their host-side launches
-            continue
-        t = event.device_time_total
-        total += t
-        if "attn_bwd_dkdv" in event.key:
-            dkdv += t
-    return dkdv / total if total else float("nan")
+    ms = kernel_ms(fn, ("attn_bwd_dkdv",), calls=calls)
+    total = sum(ms.values())
+    return ms.get("attn_bwd_dkdv", 0.0) / total if total else float("nan")
 
 
 def time_variant(args) -> None:

@@ -21,3 +21,26 @@ def measure(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> Timing:
 
     p20, median, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.2, 0.5, 0.8])
     return Timing(median_ms=median, p20_ms=p20, p80_ms=p80)
+
+
+def kernel_ms(fn, names=(), *, calls: int = 10) -> dict[str, float]:
+    """GPU time per call of each kernel ``fn`` launches (ms), from the PyTorch profiler: the
+    kernels alone, without the host's part. A kernel whose name contains one of ``names``
+    is counted under that name; the others under their own (first 60 characters)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type != DeviceType.CUDA:  # kernels, not their launches
+            continue
+        name = next((n for n in names if n in event.key), event.key[:60])
+        out[name] = out.get(name, 0.0) + event.device_time_total / 1e3 / calls
+    return out
