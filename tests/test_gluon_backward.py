@@ -162,6 +162,34 @@ def test_gradients_through_the_gluon_backward_kernels(monkeypatch, params, dtype
     assert verdict.ok, str(verdict)
 
 
+# Keys past Nk in the last key block, and every score about -30: LSE far below zero, where a
+# padded key's P = exp(-LSE) would overflow dS's 16-bit cast unless the key is masked.
+PADDED = [((1, 2, 2, 96, 333, 64), False, "bhnd"), ((2, 4, 2, 130, 200, 128), False, "bnhd"),
+          ((1, 2, 1, 200, 333, 128), True, "bhnd")]
+
+
+@gluon_cases([p for p in GLUON_BWD_CANDIDATES if p.gluon == 2], PADDED, "the Gluon dQ kernel")
+def test_the_gluon_dq_kernel_masks_keys_past_nk(params, dtype, shape, causal, layout):
+    from helpers import rand_qkv
+
+    from fa2gen.bench.correctness import check_backward
+    from fa2gen.runtime.backward import backward
+    from fa2gen.runtime.defaults import default_params
+    from fa2gen.runtime.launch import forward
+    from fa2gen.runtime.problem import make_problem
+
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape))
+    q, k = 2 + 0.1 * q, -(2 + 0.1 * k)  # q . k about -4 D: scores about -32 (D=64) and -45 (D=128)
+    problem = make_problem(q, k, v, causal=causal)
+    out, lse = forward(q, k, v, problem, default_params(problem.kernel_spec(), "sm90", problem.seqlen_q))
+    assert float(lse.max()) < -20
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    backward(q, k, v, out, lse, dout, problem, params, dq=dq, dk=dk, dv=dv)
+    verdict = check_backward(q, k, v, problem, dout, dq, dk, dv)
+    assert verdict.ok, str(verdict)
+
+
 class _Kernels:
     """Test seam standing in for a compiled backward module on CPU: records each launch's
     kernel name and arguments instead of running it (no GPU here to run them)."""

@@ -117,9 +117,10 @@ def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
     return {**dims, "OUTER": params.block_m, "INNER": params.block_n}
 
 
-def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90"):
+def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90", *, skip: tuple[str, ...] = ()):
     """Each kernel of a variant compiled for ``arch`` (e.g. "sm90", "sm80") as a GPU launch
-    specialises it, without a GPU: yields (kernel name, Triton's compiled kernel)."""
+    specialises it, without a GPU: yields (kernel name, Triton's compiled kernel). Kernels
+    named in ``skip`` are not compiled."""
     if interpreting():
         raise RuntimeError("compiling ahead needs compiled Triton: unset TRITON_INTERPRET")
     import triton
@@ -129,15 +130,15 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
     if params.gluon:
         gluon_kernels = _gluon_kernels(spec, params)
         if spec.direction == "bwd":  # delta (gluon=1: and dQ) from the Triton template
-            for name, kernel in compiled_kernels(spec, params.replace(gluon=0), arch):
-                if name not in gluon_kernels:
-                    yield name, kernel
+            yield from compiled_kernels(spec, params.replace(gluon=0), arch, skip=gluon_kernels)
         module = load_module(spec, params)
         for name in gluon_kernels:
             yield name, _compile_gluon(module, spec, params, arch, name)
         return
     module = load_module(spec, params)
     for name in kernels_of(spec, params):
+        if name in skip:
+            continue
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
         options = ({"num_warps": PASS_WARPS, "num_stages": 1} if name in PASS_KERNELS

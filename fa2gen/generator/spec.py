@@ -240,17 +240,17 @@ def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None
     if params.gluon not in (1, 2):
         return "the backward's Gluon kernels: gluon=1 (dK/dV) or gluon=2 (dK/dV and dQ)"
     if spec.mask not in ("none", "causal") or spec.softcap:
-        return "the Gluon dK/dV kernel takes no mask or a causal one, without softcap"
+        return "the Gluon backward kernels take no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:
-        return f"the Gluon dK/dV kernel takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
+        return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
     if params.loads != "tma_host" or params.dq_mode != "separate":
-        return "the Gluon dK/dV kernel reads through host descriptors, dQ in its own kernel: loads=tma_host, dq_mode=separate"
+        return "the Gluon backward kernels read through host descriptors, dQ in its own kernel: loads=tma_host, dq_mode=separate"
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
-        return f"the Gluon dK/dV kernel owns {GLUON_TILES} keys and steps {GLUON_BWD_STEPS} queries"
+        return f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps (dK/dV: keys, queries; dQ: queries, keys)"
     if params.num_warps != params.block_m // 16:
-        return "the Gluon dK/dV kernel runs block_m // 16 warps (16 keys each)"
+        return "the Gluon backward kernels run block_m // 16 warps (16 keys each in dK/dV, 16 queries in dQ)"
     if params.num_stages < 2:
-        return "the Gluon dK/dV kernel's Q/dO ring needs num_stages >= 2"
+        return "the Gluon backward kernels' rings need num_stages >= 2"
     return None
 
 
