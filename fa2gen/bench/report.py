@@ -12,8 +12,21 @@ SHORT = {"fa2gen": "fa2gen", "fa2gen-default": "default", "fa2gen-bf16": "own-bf
          "flex": "Flex", "sdpa-math": "math"}
 
 
+# A provider's 20th and 80th percentile run times this far apart mark an unsteady cell: its
+# launches wait on the host in some runs and not in others, so its median moves between runs.
+UNSTEADY = 1.15
+UNSTEADY_MARK = "~"
+
+
+def unsteady(r: Result, provider: str) -> bool:
+    """Whether ``provider``'s runs of this cell spread past ``UNSTEADY`` (p80 / p20)."""
+    ms = r.ms.get(provider)
+    return bool(ms) and ms[0] > 0 and ms[2] / ms[0] > UNSTEADY
+
+
 def ratio_rows(results: list[Result], providers: list[str]):
-    """Per case: TFLOP/s of each provider and fa2gen's ratio to each other provider."""
+    """Per case: TFLOP/s of each provider (marked where unsteady) and fa2gen's ratio to each
+    other provider."""
     others = [p for p in providers if p != "fa2gen"]
     header = ["case"] + [SHORT.get(p, p) for p in providers] + [f"x{SHORT.get(p, p)}" for p in others]
     def fmt(x: float) -> str:
@@ -22,7 +35,8 @@ def ratio_rows(results: list[Result], providers: list[str]):
     rows = []
     for r in results:
         mine = r.tflops.get("fa2gen")
-        cells = [r.case.label()] + [fmt(r.tflops[p]) if p in r.tflops else "-" for p in providers]
+        cells = [r.case.label()] + [fmt(r.tflops[p]) + (UNSTEADY_MARK if unsteady(r, p) else "") if p in r.tflops
+                                    else "-" for p in providers]
         for p in others:
             cells.append(f"{mine / r.tflops[p]:.2f}" if mine and p in r.tflops else "-")
         rows.append(cells)
@@ -49,6 +63,13 @@ def markdown(results: list[Result], providers: list[str]) -> str:
     if gm:
         lines.append("")
         lines.append("Geomean of fa2gen's ratio: " + ", ".join(f"{SHORT.get(p, p)} {v:.2f}x" for p, v in gm.items()))
+    marked = sum(unsteady(r, p) for r in results for p in providers if p in r.tflops)
+    if marked:
+        noun = "entry" if marked == 1 else "entries"
+        lines.append("")
+        lines.append(f"{UNSTEADY_MARK}: that provider's 20th and 80th percentile run times differ by more than "
+                     f"{UNSTEADY - 1:.0%} ({marked} {noun}), so its median moves between runs; on short cells, "
+                     "launches that wait on the host do this.")
     return "\n".join(lines)
 
 
