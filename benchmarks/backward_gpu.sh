@@ -16,7 +16,9 @@
 #        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
 #        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
 #        built-in grid) into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS
-#        (default 400), $TUNE_TRIALS (default 16) trials per bucket. "gluon-tests" runs the Gluon
+#        (default 400), $TUNE_TRIALS (default 16) trials per bucket, with $TUNE_WORKERS compile
+#        processes (default: the tuner's; two tuners on one host should each take well under half
+#        its cores, docs/tuning.md). "gluon-tests" runs the Gluon
 #        kernels' GPU tests alone.
 #        "fwd", "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
 # One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
@@ -78,7 +80,8 @@ for step in $steps; do
         mkdir -p "$state" && python3 -m fa2gen import tuned_configs/sm90/NVIDIA_H200.yaml --db "$state/tuned.sqlite"
       fi
       run "tune-$dirs" "$(( tune_s + 60 ))" bash benchmarks/tune_slice.sh "$state" \
-        "$out/tune" "$tune_s" --directions "$dirs" --trials "${TUNE_TRIALS:-16}" ${TUNE_GRID:+--grid "$TUNE_GRID"} ;;
+        "$out/tune" "$tune_s" --directions "$dirs" --trials "${TUNE_TRIALS:-16}" ${TUNE_GRID:+--grid "$TUNE_GRID"} \
+        ${TUNE_WORKERS:+--workers "$TUNE_WORKERS"} ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
     fwd) bench_dtypes fwd fwd ;;
