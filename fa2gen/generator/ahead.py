@@ -147,15 +147,11 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon import descriptor_boxes, descriptor_layout
+    from .gluon import descriptor_boxes, descriptor_layout, dkdv_boxes
 
     fn = getattr(module, _GLUON_KERNEL[spec.direction])
     constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
-    if spec.direction == "fwd":
-        boxes = dict(zip("QKVO", descriptor_boxes(spec, params)))
-    else:  # the dK/dV kernel: its own block_m keys, block_n queries per step
-        rows = {"Q": params.block_n, "DO": params.block_n, **{t: params.block_m for t in ("K", "V", "DK", "DV")}}
-        boxes = {name: [1, 1, r, spec.head_dim] for name, r in rows.items()}
+    boxes = dict(zip("QKVO", descriptor_boxes(spec, params))) if spec.direction == "fwd" else dkdv_boxes(spec, params)
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:

@@ -1,6 +1,6 @@
-"""What the Gluon forward's host side must agree on with its kernel: the shared-memory
-layout of each descriptor box (part of the descriptor's type, so the launch and an
-ahead-of-time compile must build the same one), and the boxes themselves."""
+"""What the Gluon kernels' host side must agree on with them: the shared-memory layout of
+each descriptor box (part of the descriptor's type, so the launch and an ahead-of-time
+compile must build the same one), and the boxes themselves."""
 
 from __future__ import annotations
 
@@ -30,3 +30,11 @@ def descriptor_boxes(spec, params) -> tuple[list[int], ...]:
     d = spec.head_dim
     v = [1, 1, d, params.block_n] if spec.fp8 else [1, 1, params.block_n, d]
     return [1, 1, rows, d], [1, 1, params.block_n, d], v, [1, 1, rows, d]
+
+
+def dkdv_boxes(spec, params) -> dict[str, list[int]]:
+    """The boxes of the backward's Gluon dK/dV kernel, by argument: block_m rows of the keys a
+    program owns (K, V, DK, DV), block_n rows of the queries a step takes (Q, DO)."""
+    d = spec.head_dim
+    return {t: [1, 1, params.block_m if t in ("K", "V", "DK", "DV") else params.block_n, d]
+            for t in ("Q", "K", "V", "DO", "DK", "DV")}

@@ -10,7 +10,7 @@ import torch
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TuningParams, pass_rows
 from .interpreter import patch_interpreter
-from .launch import effective_params, gluon_ready, host_descriptor, window_extents
+from .launch import effective_params, gluon_descriptor, gluon_ready, host_descriptor, window_extents
 from .problem import Problem
 
 
@@ -45,8 +45,9 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         gluon_params, params = params, _triton_part(params)
         if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=problem.heads_kv):
             gluon_dkdv = gluon_params
-    # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
-    params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
+    if gluon_dkdv is None:  # (gluon_ready has found the tensors fit descriptors)
+        # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
+        params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
     module = load_module(spec, params)
     dp = spec.head_dim_padded
     b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
@@ -107,20 +108,14 @@ def _triton_part(params: TuningParams) -> TuningParams:
 def _gluon_dkdv(spec, params: TuningParams, q, k, v, dout, dk, dv, lse, delta, problem: Problem, run) -> None:
     """The Gluon dK/dV kernel (attn_bwd_gluon.py.jinja): one program per block of block_m keys
     of one k/v head, walking block_n queries at a time of each of its query heads."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from ..generator.gluon import descriptor_layout
+    from ..generator.gluon import descriptor_layout, dkdv_boxes
 
     module = load_module(spec, params)
-    d = problem.head_dim
-
-    def desc(t, rows):
-        box = [1, 1, rows, d]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), box, descriptor_layout(box, spec.dtype))
-
+    boxes = dkdv_boxes(spec, params)
+    descs = [gluon_descriptor(t, boxes[name], descriptor_layout(boxes[name], spec.dtype))
+             for t, name in ((q, "Q"), (k, "K"), (v, "V"), (dout, "DO"), (dk, "DK"), (dv, "DV"))]
     outer, inner = params.block_m, params.block_n
     grid = (-(-problem.seqlen_k // outer), problem.batch * problem.heads_kv)
-    run(module.attn_bwd_dkdv, grid,
-        desc(q, inner), desc(k, outer), desc(v, outer), desc(dout, inner), desc(dk, outer), desc(dv, outer),
+    run(module.attn_bwd_dkdv, grid, *descs,
         lse, delta, problem.heads_kv, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale,
-        HEAD_DIM=d, OUTER=outer, INNER=inner, STAGES=params.num_stages, launch=module.LAUNCH)
+        HEAD_DIM=problem.head_dim, OUTER=outer, INNER=inner, STAGES=params.num_stages, launch=module.LAUNCH)
