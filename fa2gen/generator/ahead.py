@@ -155,16 +155,12 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon import descriptor_boxes, descriptor_layout
+    from .gluon import backward_boxes, descriptor_boxes, descriptor_layout
 
     fn = getattr(module, kernel)
     constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
-    if spec.direction == "fwd":
-        boxes = dict(zip("QKVO", descriptor_boxes(spec, params)))
-    else:  # block_m rows a program owns (dK/dV: keys, dQ: queries), block_n rows per step
-        owned = ("K", "V", "DK", "DV") if kernel == "attn_bwd_dkdv" else ("Q", "DO", "DQ")
-        rows = {t: params.block_m if t in owned else params.block_n for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}
-        boxes = {name: [1, 1, r, spec.head_dim] for name, r in rows.items()}
+    boxes = (dict(zip("QKVO", descriptor_boxes(spec, params))) if spec.direction == "fwd"
+             else backward_boxes(spec, params, kernel))
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:

@@ -1,6 +1,6 @@
-"""What the Gluon forward's host side must agree on with its kernel: the shared-memory
-layout of each descriptor box (part of the descriptor's type, so the launch and an
-ahead-of-time compile must build the same one), and the boxes themselves."""
+"""What the Gluon kernels' host side must agree on with them: the shared-memory layout of
+each descriptor box (part of the descriptor's type, so the launch and an ahead-of-time
+compile must build the same one), and the boxes themselves."""
 
 from __future__ import annotations
 
@@ -30,3 +30,12 @@ def descriptor_boxes(spec, params) -> tuple[list[int], ...]:
     d = spec.head_dim
     v = [1, 1, d, params.block_n] if spec.fp8 else [1, 1, params.block_n, d]
     return [1, 1, rows, d], [1, 1, params.block_n, d], v, [1, 1, rows, d]
+
+
+def backward_boxes(spec, params, kernel: str) -> dict[str, list[int]]:
+    """The boxes of a backward Gluon kernel's descriptors, by argument: block_m rows of what a
+    program owns (attn_bwd_dkdv: K, V, DK, DV; attn_bwd_dq: Q, DO, DQ), block_n rows of what
+    a step takes."""
+    owned = ("K", "V", "DK", "DV") if kernel == "attn_bwd_dkdv" else ("Q", "DO", "DQ")
+    return {t: [1, 1, params.block_m if t in owned else params.block_n, spec.head_dim]
+            for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}

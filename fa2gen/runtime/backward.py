@@ -10,7 +10,7 @@ import torch
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TuningParams, pass_rows
 from .interpreter import patch_interpreter
-from .launch import effective_params, gluon_ready, host_descriptor, window_extents
+from .launch import effective_params, gluon_descriptor, gluon_ready, host_descriptor, window_extents
 from .problem import Problem
 
 
@@ -47,8 +47,9 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
         heads = problem.heads_q if gluon_params.gluon == 2 else problem.heads_kv
         if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=heads):
             gluon = gluon_params
-    # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
-    params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
+    if gluon is None:  # (gluon_ready has found the tensors fit descriptors)
+        # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
+        params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
     module = load_module(spec, params)
     dp = spec.head_dim_padded
     b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
@@ -114,23 +115,21 @@ def _gluon_kernels(spec, params: TuningParams, q, k, v, dout, dq, dk, dv, lse, d
     keys of one k/v head, walking block_n queries at a time of each of its query heads. With
     gluon=2, dQ too: one program per block of block_m queries of one query head, walking
     block_n keys at a time."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from ..generator.gluon import descriptor_layout
+    from ..generator.gluon import backward_boxes, descriptor_layout
 
     module = load_module(spec, params)
-    d = problem.head_dim
 
-    def desc(t, rows):
-        box = [1, 1, rows, d]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), box, descriptor_layout(box, spec.dtype))
+    def descs(kernel, *named):  # the kernel's descriptors, in its argument order
+        boxes = backward_boxes(spec, params, kernel)
+        return [gluon_descriptor(t, boxes[name], descriptor_layout(boxes[name], spec.dtype)) for name, t in named]
 
     outer, inner = params.block_m, params.block_n
-    shape = dict(HEAD_DIM=d, OUTER=outer, INNER=inner, STAGES=params.num_stages, launch=module.LAUNCH)
+    shape = dict(HEAD_DIM=problem.head_dim, OUTER=outer, INNER=inner, STAGES=params.num_stages,
+                 launch=module.LAUNCH)
     run(module.attn_bwd_dkdv, (-(-problem.seqlen_k // outer), problem.batch * problem.heads_kv),
-        desc(q, inner), desc(k, outer), desc(v, outer), desc(dout, inner), desc(dk, outer), desc(dv, outer),
+        *descs("attn_bwd_dkdv", ("Q", q), ("K", k), ("V", v), ("DO", dout), ("DK", dk), ("DV", dv)),
         lse, delta, problem.heads_kv, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, **shape)
     if params.gluon == 2:
         run(module.attn_bwd_dq, (-(-problem.seqlen_q // outer), problem.batch * problem.heads_q),
-            desc(q, outer), desc(k, inner), desc(v, inner), desc(dout, outer), desc(dq, outer),
+            *descs("attn_bwd_dq", ("Q", q), ("K", k), ("V", v), ("DO", dout), ("DQ", dq)),
             lse, delta, problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, **shape)

@@ -93,6 +93,14 @@ def host_descriptor(t: torch.Tensor, rows: int, cols: int):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols])
 
 
+def gluon_descriptor(t: torch.Tensor, box: list[int], layout):
+    """A Gluon host descriptor over a whole 4-D tensor with ``box``-shaped blocks staged in
+    ``layout`` (``generator.gluon.descriptor_layout``), which is part of its type."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), box, layout)
+
+
 # Under the interpreter a persistent grid this small makes every program walk several tiles.
 _INTERPRETER_SMS = 3
 
@@ -232,10 +240,8 @@ class Launch:
         if self.grid is None:  # persistent, first run: as many programs as the SMs hold
             self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         if self.params.gluon:
-            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-            args = [TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-                    for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)]
+            args = [gluon_descriptor(t, block, layout) for t, block, layout in zip((q, k, v, out), self.blocks,
+                                                                                   self.layouts)]
             args.append(lse)
             if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
                 args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]

@@ -275,7 +275,7 @@ class GpuEvaluator:
 
         if params.gluon and torch.cuda.get_device_capability()[0] != 9:
             # gluon_ready would send every launch to the Triton fallback: not this candidate's time
-            raise Rejected("the Gluon forward runs on sm90 (Hopper) only")
+            raise Rejected("Gluon kernels run on sm90 (Hopper) only")
         # Gate: fresh random inputs of an odd small shape with the bucket's semantics.
         s = representative_problem(bucket)
         kw = dict(dtype=TORCH_DTYPES[bucket.dtype], device="cuda")
