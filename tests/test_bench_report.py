@@ -1,8 +1,12 @@
-"""The bench's Markdown table marks the entries whose runs spread (an unsteady median)."""
+"""The bench's Markdown table marks the entries whose runs spread (an unsteady median);
+kernel_ms refuses bad arguments before it touches a GPU."""
+
+import pytest
 
 from fa2gen.bench.grid import Case
 from fa2gen.bench.report import UNSTEADY_MARK, markdown
 from fa2gen.bench.runner import Result
+from fa2gen.bench.timing import kernel_ms
 
 
 def _result(seqlen, fa2gen_ms, cudnn_ms):
@@ -26,3 +30,15 @@ def test_only_entries_whose_runs_spread_are_marked():
 def test_a_steady_table_has_no_footnote():
     text = markdown([_result(512, [1.0, 1.0, 1.05], [1.0, 1.0, 1.0])], ["fa2gen", "sdpa-cudnn"])
     assert UNSTEADY_MARK not in text
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(fn=None), TypeError, "fn must be callable"),
+    (dict(names="attn_bwd_dq"), TypeError, "names must be"),
+    (dict(calls=0), ValueError, "calls must be a positive int"),
+    (dict(calls=2.0), ValueError, "calls must be a positive int"),
+])
+def test_kernel_ms_names_the_bad_argument(kwargs, error, match):
+    args = dict(fn=lambda: None, names=(), calls=1) | kwargs
+    with pytest.raises(error, match=match):
+        kernel_ms(args.pop("fn"), args.pop("names"), **args)

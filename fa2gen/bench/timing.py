@@ -27,6 +27,12 @@ def kernel_ms(fn, names=(), *, calls: int = 10) -> dict[str, float]:
     """GPU time per call of each kernel ``fn`` launches (ms), from the PyTorch profiler: the
     kernels alone, without the host's part. A kernel whose name contains one of ``names``
     is counted under that name; the others under their own (first 60 characters)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"names must be a sequence of kernel-name strings, got {names!r:.80}")
+    if type(calls) is not int or calls < 1:
+        raise ValueError(f"calls must be a positive int, got {calls!r}")
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
