@@ -18,6 +18,7 @@ usage: python benchmarks/host_profile.py OUT.json
 from __future__ import annotations
 
 import cProfile
+import functools
 import io
 import json
 import pstats
@@ -30,7 +31,7 @@ import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
-from fa2gen.runtime.backward import backward
+from fa2gen.runtime.backward import BackwardLaunch, backward
 from fa2gen.runtime.launch import Launch, effective_params, forward, host_descriptor
 from fa2gen.runtime.problem import make_problem
 from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
@@ -72,10 +73,11 @@ def main(out_path):
     dout = torch.randn_like(og)
     bwd_params = select_params(pr, dev, "bwd")
     pieces["gradients through autograd"] = lambda: torch.autograd.grad(og, (qg, kg, vg), dout, retain_graph=True)
-    pieces[f"backward() {bwd_params.label()}"] = lambda: backward(q, k, v, og, lse_g, dout, pr, bwd_params)
-    if dev.capability[0] == 9:
-        gluon = GLUON_BWD_CANDIDATES[0]
-        pieces[f"backward() {gluon.label()}"] = lambda: backward(q, k, v, og, lse_g, dout, pr, gluon)
+    # backward() builds its launch per call; attention()'s autograd keeps one per call shape
+    for p in [bwd_params] + ([GLUON_BWD_CANDIDATES[0]] if dev.capability[0] == 9 else []):
+        kept = BackwardLaunch(pr, p)
+        pieces[f"backward() {p.label()}"] = functools.partial(backward, q, k, v, og, lse_g, dout, pr, p)
+        pieces[f"kept BackwardLaunch.run {p.label()}"] = functools.partial(kept.run, q, k, v, og, lse_g, dout)
     pieces["attention() again, last"] = pieces["attention()"]
     result = {"device": torch.cuda.get_device_name(), "cell": case.label(), "params": params.to_dict(),
               "per_call_us": {name: round(host_us(fn, n=2000), 2) for name, fn in pieces.items()}}
