@@ -18,6 +18,7 @@ usage: python benchmarks/host_profile.py OUT.json
 from __future__ import annotations
 
 import cProfile
+import functools
 import io
 import json
 import pstats
@@ -30,7 +31,7 @@ import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
-from fa2gen.runtime.backward import backward
+from fa2gen.runtime.backward import BackwardLaunch, backward
 from fa2gen.runtime.launch import Launch, effective_params, forward, host_descriptor
 from fa2gen.runtime.problem import make_problem
 from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
@@ -40,6 +41,30 @@ from overhead import host_us  # the same loop as overhead.py (this folder is on 
 def _relative_paths(text: str) -> str:
     """Source files named from their package, not from where this machine keeps them."""
     return re.sub(r"(?:/[^\s:(]+)?/(site-packages|fa2gen)/", r"\1/", text)
+
+
+def _launcher_alone(kernel, grid, args, options):
+    """The compiled kernel's launcher called directly with arguments bound once: what a
+    launch costs without Triton's per-call binding, specialisation and cache lookup (which a
+    launch kept per call shape could skip). Reaches into Triton 3.6's JITFunction.run, so an
+    other Triton may not have these pieces: then this entry is left out (None)."""
+    try:
+        from triton.runtime.driver import driver
+
+        compiled = kernel.warmup(*args, grid=grid, **options)
+        device = driver.active.get_current_device()
+        binder = kernel.device_caches[device][4]
+        bound = tuple(binder(*args, **options)[0].values())
+        grid3 = (tuple(grid) + (1, 1))[:3]
+        run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
+    except Exception as e:  # noqa: BLE001 - an experiment, not a code path users run
+        print(f"launcher alone: not measured ({type(e).__name__}: {e})")
+        return None
+
+    def call():
+        stream = driver.active.get_current_stream(device)
+        run(*grid3, stream, function, meta, None, None, None, *bound)
+    return call
 
 
 def main(out_path):
@@ -64,6 +89,7 @@ def main(out_path):
         "empty_like + lse empty": lambda: (torch.empty_like(q), torch.empty((1, 2, 512), device="cuda")),
         "4 TensorDescriptors": lambda: [host_descriptor(t, 64, dp) for t in (q, k, v, out)],
         "Triton launch, prebuilt descriptors": launch,
+        "Triton's launcher alone, same arguments": _launcher_alone(kernel, plan.grid, args, options),
         "empty CUDA op (torch.zeros_like(1 elem))": lambda: torch.zeros(1, device="cuda"),
     }
     # The backward's host path: its gradients through autograd, and backward() alone
@@ -72,13 +98,14 @@ def main(out_path):
     dout = torch.randn_like(og)
     bwd_params = select_params(pr, dev, "bwd")
     pieces["gradients through autograd"] = lambda: torch.autograd.grad(og, (qg, kg, vg), dout, retain_graph=True)
-    pieces[f"backward() {bwd_params.label()}"] = lambda: backward(q, k, v, og, lse_g, dout, pr, bwd_params)
-    if dev.capability[0] == 9:
-        gluon = GLUON_BWD_CANDIDATES[0]
-        pieces[f"backward() {gluon.label()}"] = lambda: backward(q, k, v, og, lse_g, dout, pr, gluon)
+    # backward() builds its launch per call; attention()'s autograd keeps one per call shape
+    for p in [bwd_params] + ([GLUON_BWD_CANDIDATES[0]] if dev.capability[0] == 9 else []):
+        kept = BackwardLaunch(pr, p)
+        pieces[f"backward() {p.label()}"] = functools.partial(backward, q, k, v, og, lse_g, dout, pr, p)
+        pieces[f"kept BackwardLaunch.run {p.label()}"] = functools.partial(kept.run, q, k, v, og, lse_g, dout)
     pieces["attention() again, last"] = pieces["attention()"]
     result = {"device": torch.cuda.get_device_name(), "cell": case.label(), "params": params.to_dict(),
-              "per_call_us": {name: round(host_us(fn, n=2000), 2) for name, fn in pieces.items()}}
+              "per_call_us": {name: round(host_us(fn, n=2000), 2) for name, fn in pieces.items() if fn}}
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(2000):

@@ -114,13 +114,13 @@ def test_deterministic_mode_never_runs_atomic_dq(monkeypatch, how):
     atomic = TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic")
     monkeypatch.setattr(autograd, "select_params", lambda problem, dev, direction: atomic)
     seen = []
-    real = autograd.backward
+    real = autograd.BackwardLaunch
 
-    def spy(*args, **kwargs):
-        seen.append(args[7].dq_mode)
-        return real(*args, **kwargs)
+    def spy(problem, params):
+        seen.append(params.dq_mode)
+        return real(problem, params)
 
-    monkeypatch.setattr(autograd, "backward", spy)
+    monkeypatch.setattr(autograd, "BackwardLaunch", spy)
     q, k, v = (t.requires_grad_() for t in rand_qkv(1, 2, 1, 21, 30, 32, seed=14))
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: how == "torch")
     out = fa2gen.attention(q, k, v, causal=True, deterministic=how == "flag")
@@ -178,3 +178,35 @@ def test_double_backward_raises_instead_of_returning_wrong_values():
     (gq,) = torch.autograd.grad(out.float().pow(2).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError):
         gq.sum().backward()
+
+
+def test_a_kept_backward_launch_serves_later_calls_and_the_deterministic_switch(monkeypatch):
+    """attention() hands autograd the dict where a call shape's backward launches live: the
+    second backward of that shape reuses the first one's, and a deterministic backward gets
+    its own (dQ in its own kernel), both with the right gradients."""
+    import fa2gen.runtime.autograd as autograd
+    from fa2gen.runtime.autograd import differentiable
+
+    atomic = TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic")
+    monkeypatch.setattr(autograd, "select_params", lambda problem, dev, direction: atomic)
+    built = []
+    real = autograd.BackwardLaunch
+
+    def spy(problem, params):
+        built.append(params.dq_mode)
+        return real(problem, params)
+
+    monkeypatch.setattr(autograd, "BackwardLaunch", spy)
+    launches = {}
+    base = rand_qkv(1, 2, 1, 19, 27, 32, seed=16)
+    for deterministic in (False, False, True, True):
+        q, k, v = (t.detach().requires_grad_() for t in base)
+        problem = make_problem(q, k, v, causal=True)
+        out, _ = differentiable(q, k, v, problem, lambda: forward(q, k, v, problem, FWD),
+                                deterministic=deterministic, launches=launches)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(17)).to(out.dtype)
+        out.backward(dout)
+        verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
+        assert verdict.ok, str(verdict)
+    assert built == ["atomic", "separate"]
+    assert sorted(launches) == [False, True] and launches[True].params.dq_mode == "separate"

@@ -210,8 +210,9 @@ class _Kernels:
 
 @pytest.mark.parametrize("mode", [1, 2])
 def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monkeypatch, mode):
-    # Host time decides the short cells: per call, the Gluon dK/dV launch builds its six
-    # descriptors on layouts made once, and no Triton dK/dV descriptors are built for nothing.
+    # Host time decides the short cells: a kept launch builds its layouts once; each call
+    # builds the Gluon dK/dV kernel's six descriptors and the dQ kernel's five (Gluon ones
+    # with gluon=2, Triton ones with gluon=1), and no Triton dK/dV descriptors for nothing.
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -220,9 +221,9 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
     from fa2gen.generator import gluon
     from fa2gen.runtime.problem import make_problem
 
-    launches, built = [], {"layouts": 0, "host descriptors": 0}
+    launches, built = [], {"layouts": 0, "host descriptors": 0, "Gluon descriptors": 0}
     monkeypatch.setattr(bwd, "load_module", lambda spec, params: _Kernels(launches))
-    monkeypatch.setattr(bwd, "gluon_ready", lambda *a, **kw: True)
+    monkeypatch.setattr(bwd, "gluon_device_ready", lambda *a, **kw: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled path, not the interpreter's
 
     def counted(fn, what):
@@ -232,15 +233,17 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
         return wrapper
 
     monkeypatch.setattr(bwd, "host_descriptor", counted(bwd.host_descriptor, "host descriptors"))
+    monkeypatch.setattr(bwd, "gluon_descriptor", counted(bwd.gluon_descriptor, "Gluon descriptors"))
     monkeypatch.setattr(gl.NVMMASharedLayout, "get_default_for",
                         staticmethod(counted(gl.NVMMASharedLayout.get_default_for, "layouts")))
     gluon._layout.cache_clear()
     q, k, v, out, dout = (torch.randn(2, 3, 96, 128, dtype=torch.bfloat16) for _ in range(5))
     lse = torch.randn(2, 3, 96)
     problem = make_problem(q, k, v, causal=True)
+    kept = bwd.BackwardLaunch(problem, G64.replace(gluon=mode))
     for _ in range(3):
         launches.clear()
-        bwd.backward(q, k, v, out, lse, dout, problem, G64.replace(gluon=mode))
+        kept.run(q, k, v, out, lse, dout)
         assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
         dkdv, dq = launches[1][1], launches[2][1]
         assert sum(isinstance(a, GluonDescriptor) for a in dkdv) == 6
@@ -248,4 +251,31 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
         # gluon=2: the Gluon dQ kernel's five; gluon=1: the Triton dQ kernel's five
         assert sum(isinstance(a, GluonDescriptor if mode == 2 else TensorDescriptor) for a in dq) == 5
     # one box shape here: one layout; Triton descriptors only for the Triton dQ kernel
-    assert built == {"layouts": 1, "host descriptors": 0 if mode == 2 else 3 * 5}
+    host = 0 if mode == 2 else 3 * 5
+    assert built == {"layouts": 1, "host descriptors": host, "Gluon descriptors": 3 * (6 if mode == 1 else 11)}
+    # A tensor descriptors cannot address (an odd offset) sends the call to the pointer path.
+    launches.clear()
+    shifted = torch.randn(2 * 3 * 96 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 3, 96, 128)
+    kept.run(shifted, k, v, out, lse, dout)
+    assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
+    assert not any(isinstance(a, (TensorDescriptor, GluonDescriptor)) for _, args in launches for a in args)
+    assert built["host descriptors"] == host
+
+
+def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
+    # The launch builds descriptors without Triton's per-instance checks (tma_compatible has
+    # made them): they must be the very values Triton's constructor makes.
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from fa2gen.generator.gluon import descriptor_layout
+    from fa2gen.runtime.launch import gluon_descriptor, host_descriptor
+
+    t = torch.randn(2, 3, 96, 128, dtype=torch.float16).transpose(1, 2)
+    assert host_descriptor(t, 64, 128) == TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 128])
+    layout = descriptor_layout((1, 1, 64, 128), "fp16")
+    made = gluon_descriptor(t, [1, 1, 64, 128], layout)
+    assert made == GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 128], layout)
+    assert type(made) is GluonDescriptor and type(host_descriptor(t, 64, 128)) is TensorDescriptor
+    with pytest.raises(ValueError, match="power of 2"):  # the box is still checked, once per box
+        host_descriptor(t, 48, 128)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import fa2gen
-from fa2gen.bench.correctness import check_forward
+from fa2gen.bench.correctness import check_backward, check_forward
 from fa2gen.generator.cache import load_module
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.device import cuda_device_info
-from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.dispatch import clear_memo, select_params
 from fa2gen.runtime.fp8 import check_descales
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
@@ -160,6 +160,28 @@ def test_backward_features(shape, kw):
     assert verdict.ok, str(verdict)
 
 
+def test_attention_keeps_each_call_shapes_backward_launch():
+    """The second backward of a call shape reuses the first one's launch (host time bounds
+    short cells), on new tensors of that shape, with the right gradients."""
+    from fa2gen.runtime.api import _call_key
+    from fa2gen.runtime.dispatch import cached_launch
+
+    clear_memo()
+    kept = []
+    for seed in (21, 22):
+        q, k, v = (t.detach().requires_grad_() for t in rand_qkv(2, 8, 2, 1000, 1000, 128, device="cuda", seed=seed))
+        out = fa2gen.attention(q, k, v, causal=True)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        launch = cached_launch(_call_key(q, k, v, True, None, (-1, -1), 0.0))
+        assert list(launch.backward) == [False]
+        kept.append(launch.backward[False])
+        problem = make_problem(q, k, v, causal=True)
+        verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
+        assert verdict.ok, str(verdict)
+    assert kept[0] is kept[1]
+
+
 @pytest.fixture(params=["atomic", "tma_reduce"])
 def atomic_dq(monkeypatch, request):
     """attention()'s backward with dQ added from the dK/dV kernel: by per-element atomics,
@@ -176,6 +198,9 @@ def atomic_dq(monkeypatch, request):
         return base.replace(dq_mode=request.param, **extra) if direction == "bwd" else base
 
     monkeypatch.setattr(autograd, "select_params", params)
+    clear_memo()  # attention() keeps each call shape's backward launch: none chosen before this
+    yield
+    clear_memo()
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])

@@ -576,3 +576,29 @@ def test_the_benchmark_grids_name_buckets_of_the_built_in_grids(path):
     built_in = {b.key for b in default_buckets(("fwd", "bwd"))}
     fp8 = {b.key for b in buckets if b.dtype == "fp8e4m3"}
     assert {b.key for b in buckets} - fp8 <= built_in
+
+
+class _FinishedMeanwhile(optuna.storages.RDBStorage):
+    """Seam reproducing the race of two tuners sharing one SQLite study: just before this
+    tuner writes a trial's result, a second connection (the other tuner) finishes it."""
+
+    def set_trial_state_values(self, trial_id, state, values=None):
+        if state.is_finished():
+            other = optuna.storages.RDBStorage(self.url)
+            if other.get_trial(trial_id).state == TrialState.RUNNING:
+                other.set_trial_state_values(trial_id, TrialState.COMPLETE, [1.0])
+        return super().set_trial_state_values(trial_id, state, values)
+
+
+def test_a_trial_finished_by_another_tuner_meanwhile_keeps_the_first_result(tmp_path):
+    from fa2gen.tuner.study import _tell
+
+    storage = _FinishedMeanwhile(f"sqlite:///{tmp_path / 'race.db'}")
+    study = optuna.create_study(study_name="race", storage=storage)
+    trial = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
+    told = _tell(study, trial, 2.0)
+    assert told.number == trial.number and told.state == TrialState.COMPLETE and told.value == 1.0
+    # A trial only this tuner touches is written as told.
+    plain = optuna.create_study(study_name="plain", storage=f"sqlite:///{tmp_path / 'plain.db'}")
+    t = plain.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
+    assert _tell(plain, t, 2.0).value == 2.0

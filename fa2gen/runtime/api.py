@@ -77,7 +77,7 @@ def attention(
         run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch)
         if other is not None:  # Triton launches on the current device
             run = functools.partial(_on_device, other, run)
-        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic)
+        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic, launches=launch.backward)
     elif interpreting():
         run = functools.partial(forward, q, k, v, problem, select_params(problem, None))
         out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic)

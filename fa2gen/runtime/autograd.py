@@ -3,12 +3,10 @@ does, and the backward runs the generated backward kernels. Nothing N x N is kep
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.autograd.function import once_differentiable
 
-from .backward import backward
+from .backward import BackwardLaunch
 from .device import cuda_device_info
 from .dispatch import select_params
 
@@ -17,11 +15,12 @@ class AttentionFunction(torch.autograd.Function):
     """Differentiable in q, k and v. The log-sum-exp output is not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, problem, run_forward, deterministic):
+    def forward(ctx, q, k, v, problem, run_forward, deterministic, launches):
         out, lse = run_forward()
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
         ctx.deterministic = deterministic
+        ctx.launches = launches
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -29,24 +28,38 @@ class AttentionFunction(torch.autograd.Function):
     @once_differentiable  # the backward kernels have no backward: double backward raises, never lies
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        problem = ctx.problem
+        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+        launches = ctx.launches
+        launch = None if launches is None else launches.get(deterministic)
+        if launch is None:
+            launch = _backward_launch(q, ctx.problem, deterministic)
+            if launches is not None:
+                launches[deterministic] = launch
         if q.device.type == "cuda":
-            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-            params = select_params(problem, cuda_device_info(index), "bwd")
-            where = torch.cuda.device(index)  # Triton launches on the current device
-        else:  # the interpreter
-            params = select_params(problem, None, "bwd")
-            where = contextlib.nullcontext()
-        if ctx.deterministic or torch.are_deterministic_algorithms_enabled():
-            params = params.replace(dq_mode="separate")  # atomics add in no fixed order
-        with where:
-            dq, dk, dv = backward(q, k, v, out, lse, dout, problem, params)
-        return dq, dk, dv, None, None, None
+            index = q.get_device()
+            if index != torch.cuda.current_device():  # Triton launches on the current device
+                with torch.cuda.device(index):
+                    dq, dk, dv = launch.run(q, k, v, out, lse, dout)
+                return dq, dk, dv, None, None, None, None
+        dq, dk, dv = launch.run(q, k, v, out, lse, dout)
+        return dq, dk, dv, None, None, None, None
 
 
-def differentiable(q, k, v, problem, run, *, deterministic: bool = False):
+def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
+    if q.device.type == "cuda":
+        params = select_params(problem, cuda_device_info(q.get_device()), "bwd")
+    else:  # the interpreter
+        params = select_params(problem, None, "bwd")
+    if deterministic:
+        params = params.replace(dq_mode="separate")  # atomics add in no fixed order
+    return BackwardLaunch(problem, params)
+
+
+def differentiable(q, k, v, problem, run, *, deterministic: bool = False, launches: dict | None = None):
     """Run the forward (``run()`` returns (out, lse)), through autograd when a gradient is
-    wanted; ``deterministic`` keeps the backward free of atomics."""
+    wanted; ``deterministic`` keeps the backward free of atomics. ``launches``: where to keep
+    the backward's launch for later calls of the same shape (a forward ``Launch``'s
+    ``backward``), or None to build it per call."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return AttentionFunction.apply(q, k, v, problem, run, deterministic)
+        return AttentionFunction.apply(q, k, v, problem, run, deterministic, launches)
     return run()

@@ -8,9 +8,10 @@ import functools
 import torch
 
 from ..generator.cache import interpreting, load_module
-from ..generator.spec import PASS_WARPS, TuningParams, pass_rows
+from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows
 from .interpreter import patch_interpreter
-from .launch import effective_params, gluon_descriptor, gluon_ready, host_descriptor, window_extents
+from .launch import (effective_params, gluon_descriptor, gluon_device_ready, host_descriptor, tma_compatible,
+                     window_extents)
 from .problem import Problem
 
 
@@ -23,113 +24,167 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     be given preallocated (tests poison them with NaN). With ``params.dq_mode`` "separate"
     there are no atomics: every sum has one owner and a fixed order, so repeated calls give
     bit-identical gradients; "atomic" adds dQ in fp32 in no fixed order. ``compile_only``
-    compiles this call's kernels without launching them (the tuner's workers).
+    compiles this call's kernels without launching them (the tuner's workers). A caller that
+    repeats a call shape keeps a ``BackwardLaunch`` instead (attention() does).
     """
-    if dout.shape != out.shape:
-        raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
-    if dout.dtype != out.dtype:
-        dout = dout.to(out.dtype)
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()
-    dq = torch.empty_like(q) if dq is None else dq
-    dk = torch.empty_like(k) if dk is None else dk
-    dv = torch.empty_like(v) if dv is None else dv
-    if problem.batch == 0:
-        return dq, dk, dv
-    if interpreting():
-        patch_interpreter()
-    spec = problem.kernel_spec("bwd")
-    gluon = None
-    if params.gluon:
-        # The dK/dV kernel (gluon=2: and the dQ kernel) in Gluon where they can run; the rest
-        # from the Triton template on the same tiles. dQ's grid has a program per query head.
-        gluon_params, params = params, _triton_part(params)
-        heads = problem.heads_q if gluon_params.gluon == 2 else problem.heads_kv
-        if gluon_ready(problem, q, k, v, dout, dq, dk, dv, heads=heads):
-            gluon = gluon_params
-    if gluon is None:  # (gluon_ready has found the tensors fit descriptors)
-        # Descriptors need 16-byte aligned bases and strides; otherwise the pointer path runs.
-        params = effective_params(spec, params, q, k, v, dout, dq, dk, dv)
-    module = load_module(spec, params)
-    dp = spec.head_dim_padded
-    b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
-    left, right = window_extents(problem)
-    lse = lse.contiguous()
-    delta = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
-    launch = dict(num_warps=params.num_warps, num_stages=params.num_stages)
-    dims = dict(HEAD_DIM=problem.head_dim, HEAD_DIM_PAD=dp)
+    return BackwardLaunch(problem, params).run(q, k, v, out, lse, dout, dq=dq, dk=dk, dv=dv,
+                                               compile_only=compile_only)
 
-    def run(kernel, grid, *args, launch=launch, **constexprs):
-        if compile_only:
-            kernel.warmup(*args, grid=grid, **constexprs, **launch)
-        else:
-            kernel[grid](*args, **constexprs, **launch)
 
-    rows, passes = pass_rows(spec), dict(num_warps=PASS_WARPS, num_stages=1)
-    run(module.attn_bwd_delta, (-(-nq // rows) * b * hq,),
-        out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=rows, launch=passes, **dims)
-    tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
-    scalars = (problem.sm_scale, problem.softcap, left, right)
-    atomic = params.dq_mode != "separate"
-    descriptors = params.loads == "tma_host"
+class BackwardLaunch:
+    """What a backward call needs that depends on the problem and the params, not on where
+    the tensors live: built once per call shape and reused, so that a call pays for its
+    allocations, descriptors and launches only (short cells are bound by host time)."""
 
-    def tile(t, rows):
-        return host_descriptor(t, rows, dp) if descriptors else t
+    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "modules", "scalars", "dims",
+                 "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_device")
 
-    outer, inner = params.block_m, params.block_n
-    if atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
-        dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
-    if gluon is not None:  # it builds its own descriptors (a Gluon kernel's carry a layout)
-        _gluon_kernels(spec, gluon, q, k, v, dout, dq, dk, dv, lse, delta, problem, run)
-        if gluon.gluon == 2:
+    def __init__(self, problem: Problem, params: TuningParams):
+        self.problem = problem
+        self.spec = spec = problem.kernel_spec("bwd")
+        # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel);
+        # the rest from the Triton template on the same tiles (``params`` holds those).
+        self.gluon = params if params.gluon else None
+        self.params = params = _triton_part(params) if params.gluon else params
+        self.descriptors = params.loads == "tma_host"
+        self.atomic = params.dq_mode != "separate"
+        self.modules = None  # loaded on the first run: the interpreter check happens there
+        self._fallback = None
+        self._gluon_device = None  # the device the Gluon kernel was found to run on
+        b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
+        left, right = window_extents(problem)
+        self.scalars = (problem.sm_scale, problem.softcap, left, right)
+        self.dims = dict(HEAD_DIM=problem.head_dim, HEAD_DIM_PAD=spec.head_dim_padded)
+        self.launch = dict(num_warps=params.num_warps, num_stages=params.num_stages)
+        self.passes = dict(num_warps=PASS_WARPS, num_stages=1)
+        self.rows = rows = pass_rows(spec)
+        outer = params.block_m
+        self.grids = dict(
+            delta=(-(-nq // rows) * b * hq,),
+            dkdv=(-(-nk // outer) * b * hkv,),
+            dq=(-(-nq // outer) * b * hq,),
+            gluon_dkdv=(-(-nk // outer), b * hkv),
+            gluon_dq=(-(-nq // outer), b * hq),
+        )
+        # Each Gluon kernel's (box, layout) per descriptor, in its argument order. Layouts
+        # are part of a Gluon descriptor's type: built once here, not per call.
+        self.boxes = {}
+        if self.gluon is not None:
+            from ..generator.gluon import backward_boxes, descriptor_layout
+
+            kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV")}
+            if self.gluon.gluon == 2:
+                kernels["attn_bwd_dq"] = ("Q", "K", "V", "DO", "DQ")
+            for kernel, names in kernels.items():
+                boxes = backward_boxes(spec, self.gluon, kernel)
+                self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], spec.dtype)) for n in names)
+
+    def fallback(self) -> "BackwardLaunch":
+        """The launch to run where this one cannot: the Triton dK/dV kernel where the Gluon
+        one cannot run; pointer loads for tensors descriptors cannot address."""
+        if self._fallback is None:
+            if self.gluon is not None:
+                params = self.params
+            else:  # (dQ's bulk reduction goes through a descriptor too: atomics instead)
+                params = effective_params(self.spec, self.params)
+            self._fallback = BackwardLaunch(self.problem, params)
+        return self._fallback
+
+    def _runs_here(self, q, k, v, dout, dq, dk, dv) -> bool:
+        if self.gluon is not None:
+            # The device's verdict once per device; the tensors' on every call.
+            # dK/dV's grid has a program per k/v head; dQ's (gluon=2) one per query head.
+            heads = self.problem.heads_q if self.gluon.gluon == 2 else self.problem.heads_kv
+            if q.device != self._gluon_device and gluon_device_ready(self.problem, q.device, heads=heads):
+                self._gluon_device = q.device
+            return q.device == self._gluon_device and tma_compatible(q, k, v, dout, dq, dk, dv)
+        return self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, dout, dq, dk, dv)
+
+    def _load(self):
+        if self.modules is None:
+            if interpreting():
+                patch_interpreter()
+            modules = (load_module(self.spec, self.params),)
+            if self.gluon is not None:
+                modules += (load_module(self.spec, self.gluon),)
+            self.modules = modules
+        return self.modules
+
+    def run(self, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, compile_only: bool = False):
+        """The gradients (dq, dk, dv); arguments as ``backward``'s."""
+        if dout.shape != out.shape:
+            raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
+        if dout.dtype != out.dtype:
+            dout = dout.to(out.dtype)
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        dq = torch.empty_like(q) if dq is None else dq
+        dk = torch.empty_like(k) if dk is None else dk
+        dv = torch.empty_like(v) if dv is None else dv
+        if self.problem.batch == 0:
             return dq, dk, dv
-    else:
-        dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
-                     tile(dk, outer), tile(dv, outer))
-        if atomic:
-            dkdv_args += (host_descriptor(dq_acc, inner, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
-        run(module.attn_bwd_dkdv, (-(-nk // params.block_m) * b * hkv,),
-            *dkdv_args,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-            hkv, problem.group, nq, nk, *scalars, **tiles)
-    if atomic:
-        run(module.attn_bwd_dq_store, (-(-nq // rows) * b * hq,),
-            dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=rows, launch=passes, **dims)
+        return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
+
+    def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool):
+        if not self._runs_here(q, k, v, dout, dq, dk, dv):
+            return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
+        modules = self._load()
+        module = modules[0]
+        problem, params, grids, dims = self.problem, self.params, self.grids, self.dims
+        b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
+        dp = self.spec.head_dim_padded
+        lse = lse.contiguous()
+        delta = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
+
+        def run(kernel, grid, *args, launch=self.launch, **constexprs):
+            if compile_only:
+                kernel.warmup(*args, grid=grid, **constexprs, **launch)
+            else:
+                kernel[grid](*args, **constexprs, **launch)
+
+        run(module.attn_bwd_delta, grids["delta"],
+            out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=self.rows, launch=self.passes,
+            **dims)
+        tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
+        outer, inner = params.block_m, params.block_n
+        tile = (lambda t, rows: host_descriptor(t, rows, dp)) if self.descriptors else (lambda t, rows: t)
+        if self.atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
+            dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
+        if self.gluon is not None:  # its descriptors carry a layout (part of a Gluon kernel's type)
+            gluon_module, boxes = modules[1], self.boxes
+            shape = dict(HEAD_DIM=problem.head_dim, OUTER=self.gluon.block_m, INNER=self.gluon.block_n,
+                         STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
+            run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"],
+                *[gluon_descriptor(t, box, layout)
+                  for t, (box, layout) in zip((q, k, v, dout, dk, dv), boxes["attn_bwd_dkdv"])],
+                lse, delta, hkv, problem.group, nq, nk, problem.sm_scale, **shape)
+            if self.gluon.gluon == 2:
+                run(gluon_module.attn_bwd_dq, grids["gluon_dq"],
+                    *[gluon_descriptor(t, box, layout)
+                      for t, (box, layout) in zip((q, k, v, dout, dq), boxes["attn_bwd_dq"])],
+                    lse, delta, hq, problem.group, nq, nk, problem.sm_scale, **shape)
+                return dq, dk, dv
+        else:
+            dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
+                         tile(dk, outer), tile(dv, outer))
+            if self.atomic:
+                dkdv_args += (host_descriptor(dq_acc, inner, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
+            run(module.attn_bwd_dkdv, grids["dkdv"],
+                *dkdv_args,
+                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3],
+                *dv.stride()[:3], hkv, problem.group, nq, nk, *self.scalars, **tiles)
+        if self.atomic:
+            run(module.attn_bwd_dq_store, grids["delta"],
+                dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=self.rows, launch=self.passes, **dims)
+            return dq, dk, dv
+        run(module.attn_bwd_dq, grids["dq"],
+            tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer),
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
+            hq, problem.group, nq, nk, *self.scalars, **tiles)
         return dq, dk, dv
-    run(module.attn_bwd_dq, (-(-nq // params.block_m) * b * hq,),
-        tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer),
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-        hq, problem.group, nq, nk, *scalars, **tiles)
-    return dq, dk, dv
 
 
 @functools.lru_cache(maxsize=256)
 def _triton_part(params: TuningParams) -> TuningParams:
     # The params delta and dQ run with (dataclasses.replace costs ~10 us a call)
     return params.replace(gluon=0)
-
-
-def _gluon_kernels(spec, params: TuningParams, q, k, v, dout, dq, dk, dv, lse, delta, problem: Problem,
-                   run) -> None:
-    """The Gluon kernels of attn_bwd_gluon.py.jinja. dK/dV: one program per block of block_m
-    keys of one k/v head, walking block_n queries at a time of each of its query heads. With
-    gluon=2, dQ too: one program per block of block_m queries of one query head, walking
-    block_n keys at a time."""
-    from ..generator.gluon import backward_boxes, descriptor_layout
-
-    module = load_module(spec, params)
-
-    def descs(kernel, *named):  # the kernel's descriptors, in its argument order
-        boxes = backward_boxes(spec, params, kernel)
-        return [gluon_descriptor(t, boxes[name], descriptor_layout(boxes[name], spec.dtype)) for name, t in named]
-
-    outer, inner = params.block_m, params.block_n
-    shape = dict(HEAD_DIM=problem.head_dim, OUTER=outer, INNER=inner, STAGES=params.num_stages,
-                 launch=module.LAUNCH)
-    run(module.attn_bwd_dkdv, (-(-problem.seqlen_k // outer), problem.batch * problem.heads_kv),
-        *descs("attn_bwd_dkdv", ("Q", q), ("K", k), ("V", v), ("DO", dout), ("DK", dk), ("DV", dv)),
-        lse, delta, problem.heads_kv, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, **shape)
-    if params.gluon == 2:
-        run(module.attn_bwd_dq, (-(-problem.seqlen_q // outer), problem.batch * problem.heads_q),
-            *descs("attn_bwd_dq", ("Q", q), ("K", k), ("V", v), ("DO", dout), ("DQ", dq)),
-            lse, delta, problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, **shape)

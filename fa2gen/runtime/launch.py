@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 
 from ..generator.cache import interpreting, load_module
@@ -17,7 +20,7 @@ def tma_compatible(*tensors: torch.Tensor) -> bool:
     """Whether every tensor can be addressed by a tensor descriptor."""
     for t in tensors:
         size = t.element_size()
-        if t.data_ptr() % _ALIGN:
+        if t.data_ptr() % _ALIGN or t.stride(-1) != 1:
             return False
         for s in t.stride()[:-1]:
             if s <= 0 or (s * size) % _ALIGN:
@@ -87,18 +90,57 @@ def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, h
 def host_descriptor(t: torch.Tensor, rows: int, cols: int):
     """A host tensor descriptor over a whole 4-D tensor, (B, H, N, D) or fp8's transposed V
     (B, H, D, N), with (rows x cols) blocks: rows and columns past its last two dims read as
-    zero and are not written."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols])
+    zero and are not written. ``t`` must have passed ``tma_compatible``."""
+    cls, bare = _descriptor_class(False)
+    if not bare:
+        return cls(t, list(t.shape), list(t.stride()), [1, 1, rows, cols])
+    _check_box((1, 1, rows, cols))
+    d = _new(cls)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, list(t.shape), list(t.stride()), [1, 1, rows, cols], "zero"
+    return d
 
 
 def gluon_descriptor(t: torch.Tensor, box: list[int], layout):
     """A Gluon host descriptor over a whole 4-D tensor with ``box``-shaped blocks staged in
-    ``layout`` (``generator.gluon.descriptor_layout``), which is part of its type."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    ``layout`` (``generator.gluon.descriptor_layout``), which is part of its type. ``t`` must
+    have passed ``tma_compatible``."""
+    cls, bare = _descriptor_class(True)
+    if not bare:
+        return cls(t, list(t.shape), list(t.stride()), box, layout)
+    _check_box(tuple(box))
+    d = _new(cls)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = (t, list(t.shape), list(t.stride()), box,
+                                                                      layout, "zero")
+    return d
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), box, layout)
+
+# A descriptor's constructor checks its tensor's alignment and strides, which
+# tma_compatible has checked before any descriptor is built, and its box, which is one of a
+# few per launch: about 2 us of a short cell's host time per descriptor, up to 11 a backward
+# call. Built field by field instead, where the class has exactly the fields set here (a
+# Triton that changes them gets its own constructor).
+_new = object.__new__
+_HOST_FIELDS = ("base", "shape", "strides", "block_shape", "padding")
+_GLUON_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
+
+
+@functools.lru_cache(maxsize=None)
+def _descriptor_class(gluon: bool):
+    """(the descriptor class, whether it may be built field by field)."""
+    if gluon:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    else:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    fields = tuple(f.name for f in dataclasses.fields(TensorDescriptor))
+    return TensorDescriptor, fields == (_GLUON_FIELDS if gluon else _HOST_FIELDS) and not hasattr(
+        TensorDescriptor, "__slots__")
+
+
+@functools.lru_cache(maxsize=None)
+def _check_box(box: tuple[int, ...]) -> None:
+    from triton._utils import validate_block_shape
+
+    validate_block_shape(list(box))
 
 
 # Under the interpreter a persistent grid this small makes every program walk several tiles.
@@ -128,7 +170,7 @@ class Launch:
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
     __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "layouts",
-                 "_fallback", "_gluon_device")
+                 "_fallback", "_gluon_device", "backward")
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
         """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
@@ -139,6 +181,9 @@ class Launch:
         self.module = None  # loaded on first run: the interpreter check happens there
         self._fallback = None
         self._gluon_device = None  # the device the Gluon forward was found to run on
+        # The backward launches of calls of this shape (runtime.autograd fills it), by
+        # whether the backward must be deterministic.
+        self.backward = {}
         if params.gluon:
             self._init_gluon(problem, params, sm_count)
             return

@@ -267,10 +267,10 @@ class GpuEvaluator:
 
         from ..bench.correctness import check_backward, check_forward
         from ..bench.timing import measure as time_it
-        from ..runtime.backward import backward
+        from ..runtime.backward import BackwardLaunch, backward
         from ..runtime.defaults import bucket_default
         from ..runtime.device import cuda_device_info
-        from ..runtime.launch import forward
+        from ..runtime.launch import Launch, forward
         from ..runtime.problem import TORCH_DTYPES, make_problem, random_normal
 
         if params.gluon and torch.cuda.get_device_capability()[0] != 9:
@@ -312,11 +312,13 @@ class GpuEvaluator:
                 o, l = forward(q, k, v, problem, fwd_params)
                 dout = torch.randn_like(o)
                 timed = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-                t = time_it(lambda: backward(q, k, v, o, l, dout, problem, params,
-                                             dq=timed[0], dk=timed[1], dv=timed[2]))
+                # timed as attention() runs it: with the launch it keeps per call shape
+                kept = BackwardLaunch(problem, params)
+                t = time_it(lambda: kept.run(q, k, v, o, l, dout, dq=timed[0], dk=timed[1], dv=timed[2]))
             else:
                 timed = [torch.full(q.shape, float("nan"), device="cuda", dtype=out.dtype)]
-                t = time_it(lambda: forward(q, k, v, problem, params, out=timed[0]))
+                kept = Launch(problem, params, cuda_device_info(torch.cuda.current_device()).sm_count)
+                t = time_it(lambda: forward(q, k, v, problem, params, out=timed[0], launch=kept))
             if any(torch.isnan(x).any() for x in timed):
                 raise Rejected("NaN in the timed output")
         except Rejected:

@@ -129,15 +129,21 @@ def _fail_orphans(study: optuna.Study) -> int:
 
 
 def _tell(study: optuna.Study, trial, value=None, state=None) -> optuna.trial.FrozenTrial:
-    """study.tell, tolerating BruteForceSampler's call of study.stop() once the space is
-    exhausted (meant for study.optimize; the trial is recorded before it raises)."""
+    """study.tell, tolerating two things that leave the trial recorded:
+    - BruteForceSampler's call of study.stop() once the space is exhausted (meant for
+      study.optimize; the trial is recorded before it raises);
+    - another tuner on the same study finishing the trial between tell's check that it is
+      still running and its write (two tuners can pop the same queued trial: SQLite has no
+      row locks). The first result stands, as skip_if_finished would have kept it."""
+    number = trial if isinstance(trial, int) else trial.number
     try:
         return study.tell(trial, value, state=state, skip_if_finished=True)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
     except RuntimeError as e:
         if "Study.stop" not in str(e):
             raise
-        number = trial if isinstance(trial, int) else trial.number
-        return study.get_trials(deepcopy=False)[number]
+    return study.get_trials(deepcopy=False)[number]
 
 
 def _attr(trial, key: str, value) -> None:
