@@ -105,22 +105,29 @@ def test_deterministic_flag_is_checked():
         fa2gen.attention(q, k, v, deterministic=1)
 
 
-@pytest.mark.parametrize("how", ["flag", "torch", "neither"])
-def test_deterministic_mode_never_runs_atomic_dq(monkeypatch, how):
-    """A tuned config may add dQ with atomics; deterministic=True, or torch's global
-    deterministic switch, runs dQ in its own kernel instead."""
+def _atomic_dispatch_spied(monkeypatch) -> list:
+    """Dispatch a backward config that adds dQ with atomics; returns the list where the
+    dq_mode of each backward launch autograd builds is recorded."""
     import fa2gen.runtime.autograd as autograd
 
     atomic = TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic")
     monkeypatch.setattr(autograd, "select_params", lambda problem, dev, direction: atomic)
-    seen = []
+    built = []
     real = autograd.BackwardLaunch
 
     def spy(problem, params):
-        seen.append(params.dq_mode)
+        built.append(params.dq_mode)
         return real(problem, params)
 
     monkeypatch.setattr(autograd, "BackwardLaunch", spy)
+    return built
+
+
+@pytest.mark.parametrize("how", ["flag", "torch", "neither"])
+def test_deterministic_mode_never_runs_atomic_dq(monkeypatch, how):
+    """A tuned config may add dQ with atomics; deterministic=True, or torch's global
+    deterministic switch, runs dQ in its own kernel instead."""
+    seen = _atomic_dispatch_spied(monkeypatch)
     q, k, v = (t.requires_grad_() for t in rand_qkv(1, 2, 1, 21, 30, 32, seed=14))
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: how == "torch")
     out = fa2gen.attention(q, k, v, causal=True, deterministic=how == "flag")
@@ -184,19 +191,9 @@ def test_a_kept_backward_launch_serves_later_calls_and_the_deterministic_switch(
     """attention() hands autograd the dict where a call shape's backward launches live: the
     second backward of that shape reuses the first one's, and a deterministic backward gets
     its own (dQ in its own kernel), both with the right gradients."""
-    import fa2gen.runtime.autograd as autograd
     from fa2gen.runtime.autograd import differentiable
 
-    atomic = TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic")
-    monkeypatch.setattr(autograd, "select_params", lambda problem, dev, direction: atomic)
-    built = []
-    real = autograd.BackwardLaunch
-
-    def spy(problem, params):
-        built.append(params.dq_mode)
-        return real(problem, params)
-
-    monkeypatch.setattr(autograd, "BackwardLaunch", spy)
+    built = _atomic_dispatch_spied(monkeypatch)
     launches = {}
     base = rand_qkv(1, 2, 1, 19, 27, 32, seed=16)
     for deterministic in (False, False, True, True):
