@@ -33,13 +33,14 @@ class DirectKernel:
     """One compiled kernel of a kept launch, with its grid and the constexpr arguments that
     follow the positional ones, and the signature of the call it was kept from."""
 
-    __slots__ = ("device", "grid", "signature", "tail", "run", "function", "metadata", "_driver", "_knobs")
+    __slots__ = ("device", "grid", "signature", "tail", "run", "function", "metadata", "modes", "hooks", "_driver",
+                 "_knobs")
 
     @classmethod
     def keep(cls, kernel, grid, args, options) -> "DirectKernel | None":
         """After ``kernel[grid](*args, **options)`` has run: the kernel to launch directly, or
-        None where it cannot be (the interpreter, launch hooks set, a Triton without these
-        pieces)."""
+        None where it cannot be (the interpreter, launch or pre-run hooks set, a Triton
+        without these pieces)."""
         from ..generator.cache import interpreting
 
         if interpreting():  # the interpreter's kernels run Python: nothing to skip
@@ -48,13 +49,15 @@ class DirectKernel:
             from triton import knobs
             from triton.runtime.driver import driver
 
-            if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+            if (knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+                    or kernel.pre_run_hooks):
                 return None
             device = driver.active.get_current_device()
             compiled = kernel.warmup(*args, grid=grid, **options)  # the kernel the launch ran
             binder = kernel.device_caches[device][4]
             values = tuple(binder(*args, **options)[0].values())
-        except Exception:  # noqa: BLE001 - no such pieces (the interpreter, another Triton)
+            run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+        except Exception:  # noqa: BLE001 - no such pieces (the interpreter, another Triton, no kernel)
             return None
         if len(values) < len(args) or any(a is not b for a, b in zip(values, args)):
             return None  # positional arguments that are not the kernel's leading parameters
@@ -63,16 +66,18 @@ class DirectKernel:
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.signature = signature(args)
         self.tail = values[len(args):]
-        self.run, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
-        self._driver, self._knobs = driver.active, knobs.runtime
+        self.run, self.function, self.metadata = run, function, metadata
+        self.modes = _modes(knobs)
+        self.hooks = kernel.pre_run_hooks  # Triton's own list: hooks added later show in it
+        self._driver, self._knobs = driver.active, knobs
         return self
 
     def __call__(self, args) -> bool:
         """Launch on ``args`` if they specialise as the kept call's did (True); else do
         nothing (False) and let the caller launch through Triton."""
         knobs = self._knobs
-        if (signature(args) != self.signature or knobs.launch_enter_hook is not None
-                or knobs.launch_exit_hook is not None):
+        if (signature(args) != self.signature or knobs.runtime.launch_enter_hook is not None
+                or knobs.runtime.launch_exit_hook is not None or _modes(knobs) != self.modes or self.hooks):
             return False
         drv = self._driver
         device = drv.get_current_device()
@@ -83,10 +88,15 @@ class DirectKernel:
         return True
 
 
+def _modes(knobs) -> tuple:
+    # Triton settings outside the arguments that pick another compiled kernel
+    return knobs.runtime.debug, knobs.compilation.instrumentation_mode
+
+
 def launch(kept: dict, name, kernel, grid, args, options) -> None:
     """``kernel[grid](*args, **options)``, through the launcher kept under ``name`` (any
-    key naming the kernel) in ``kept`` (a kept launch's own dict) where the call fits it. The first launch goes
-    through Triton and, when enabled, keeps the launcher for the next."""
+    key naming the kernel) in ``kept`` (a kept launch's own dict) where the call fits it.
+    The first launch goes through Triton and, when enabled, keeps the launcher for the next."""
     direct = kept.get(name)
     if direct and direct(args):
         return
