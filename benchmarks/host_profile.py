@@ -29,8 +29,9 @@ import torch
 
 import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
+from fa2gen.runtime import direct
 from fa2gen.runtime.device import cuda_device_info
-from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.dispatch import clear_memo, select_params
 from fa2gen.runtime.backward import BackwardLaunch, backward
 from fa2gen.runtime.launch import Launch, effective_params, forward, host_descriptor
 from fa2gen.runtime.problem import make_problem
@@ -106,6 +107,19 @@ def main(out_path):
     pieces["attention() again, last"] = pieces["attention()"]
     result = {"device": torch.cuda.get_device_name(), "cell": case.label(), "params": params.to_dict(),
               "per_call_us": {name: round(host_us(fn, n=2000), 2) for name, fn in pieces.items() if fn}}
+    # The same calls with the kept launches' kernels launched directly (FA2GEN_DIRECT_LAUNCH)
+    direct.ENABLED = True
+    clear_memo()
+    qd, kd, vd = (t.detach().requires_grad_() for t in (q, k, v))
+    od = fa2gen.attention(qd, kd, vd, causal=True)
+    for name, fn in {
+        "attention(), direct launches": lambda: fa2gen.attention(q, k, v, causal=True),
+        "gradients through autograd, direct launches":
+            lambda: torch.autograd.grad(od, (qd, kd, vd), dout, retain_graph=True),
+    }.items():
+        result["per_call_us"][name] = round(host_us(fn, n=2000), 2)
+    direct.ENABLED = False
+    clear_memo()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(2000):

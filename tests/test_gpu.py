@@ -182,6 +182,47 @@ def test_attention_keeps_each_call_shapes_backward_launch():
     assert kept[0] is kept[1]
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_direct_launches_give_the_bits_of_triton_launches(monkeypatch, causal):
+    """FA2GEN_DIRECT_LAUNCH=1: a call shape's later calls launch through the kept launchers,
+    with outputs and gradients bitwise those of launches through Triton; a call that
+    specialises otherwise (an output gradient with other strides) goes through Triton."""
+    from fa2gen.runtime import direct
+
+    taken = []
+    real = direct.DirectKernel.__call__
+
+    def counted(self, args):
+        taken.append(real(self, args))
+        return taken[-1]
+
+    monkeypatch.setattr(direct.DirectKernel, "__call__", counted)
+    q, k, v = rand_qkv(2, 8, 2, 777, 777, 128, device="cuda", seed=31)
+    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    other = dout.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+
+    def calls(enabled):
+        monkeypatch.setattr(direct, "ENABLED", enabled)
+        clear_memo()
+        results = []
+        for g in (dout, dout, dout, other):
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]  # new memory each call
+            out = fa2gen.attention(*leaves, causal=causal, deterministic=True)
+            out.backward(g)
+            results.append([out.detach()] + [t.grad for t in leaves])
+        return results
+
+    through_triton, direct_ones = calls(False), calls(True)
+    clear_memo()
+    for a, b in zip(through_triton, direct_ones):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+    # Call 1 launches through Triton and keeps the launchers (forward; delta, dK/dV, dQ).
+    # Calls 2 and 3 take them all. Call 4: the forward does; the delta and dQ kernels, whose
+    # arguments hold dout's strides, go through Triton.
+    assert len(taken) == 3 * 4 and all(taken[:9]) and not taken[9] and not taken[11]
+
+
 @pytest.fixture(params=["atomic", "tma_reduce"])
 def atomic_dq(monkeypatch, request):
     """attention()'s backward with dQ added from the dK/dV kernel: by per-element atomics,

@@ -9,6 +9,7 @@ import torch
 
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows
+from . import direct
 from .interpreter import patch_interpreter
 from .launch import (effective_params, gluon_descriptor, gluon_device_ready, host_descriptor, tma_compatible,
                      window_extents)
@@ -37,7 +38,7 @@ class BackwardLaunch:
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
     __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "modules", "scalars", "dims",
-                 "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_device")
+                 "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_device", "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams):
         self.problem = problem
@@ -51,6 +52,7 @@ class BackwardLaunch:
         self.modules = None  # loaded on the first run: the interpreter check happens there
         self._fallback = None
         self._gluon_device = None  # the device the Gluon kernel was found to run on
+        self._direct = {}  # the kernels' launchers, kept by runtime.direct
         b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
         left, right = window_extents(problem)
         self.scalars = (problem.sm_scale, problem.softcap, left, right)
@@ -140,7 +142,7 @@ class BackwardLaunch:
             if compile_only:
                 kernel.warmup(*args, grid=grid, **constexprs, **launch)
             else:
-                kernel[grid](*args, **constexprs, **launch)
+                direct.launch(self._direct, id(kernel), kernel, grid, args, {**constexprs, **launch})
 
         run(module.attn_bwd_delta, grids["delta"],
             out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=self.rows, launch=self.passes,

@@ -9,6 +9,7 @@ import torch
 
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import TMA_LOADS, TuningParams
+from . import direct
 from .fp8 import check_descales, transposed_v
 from .interpreter import patch_interpreter
 from .problem import Problem
@@ -170,7 +171,7 @@ class Launch:
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
     __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "layouts",
-                 "_fallback", "_gluon_device", "backward")
+                 "_fallback", "_gluon_device", "backward", "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
         """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
@@ -184,6 +185,7 @@ class Launch:
         # The backward launches of calls of this shape (runtime.autograd fills it), by
         # whether the backward must be deterministic.
         self.backward = {}
+        self._direct = {}  # the kernel's launcher, kept by runtime.direct
         if params.gluon:
             self._init_gluon(problem, params, sm_count)
             return
@@ -263,7 +265,7 @@ class Launch:
         if compile_only:
             kernel.warmup(*args, grid=self.grid, **options)
         else:
-            kernel[self.grid](*args, **options)
+            direct.launch(self._direct, "attn_fwd", kernel, self.grid, args, options)
 
     def prepared(self, q, k, v, out, lse, descales=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V

@@ -1,0 +1,64 @@
+"""runtime.direct: a kept launch's kernels launched through their compiled launchers. The
+launcher itself needs a GPU (tests/test_gpu.py runs attention() through it); here, which
+calls may take it."""
+
+import pytest
+import torch
+
+from fa2gen.runtime import direct
+
+
+def test_the_signature_is_what_specialises_a_launch():
+    t = torch.zeros(64, dtype=torch.float16)
+    base = direct.signature([t, 96, 1, 0.5, "descriptor"])
+    assert base == ((torch.float16, True), 96, 1, None, None)
+    assert direct.signature([t[8:], 96, 1, 0.5, "descriptor"]) == base  # 16 bytes on: still aligned
+    assert direct.signature([t[1:], 96, 1, 0.5, "descriptor"]) != base  # 2 bytes on: not
+    assert direct.signature([t.float(), 96, 1, 0.5, "descriptor"]) != base
+    assert direct.signature([t, 97, 1, 0.5, "descriptor"]) != base  # any int that differs
+    assert direct.signature([t, 96, 1, 0.25, "other descriptor"]) == base  # floats, descriptors: not
+
+
+class _Kernel:
+    """Test seam standing in for a Triton kernel on CPU: records launches through Triton."""
+
+    def __init__(self):
+        self.launched = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: self.launched.append(args)
+
+
+class _Direct:
+    """Test seam standing in for a kept launcher: takes calls whose first argument is even."""
+
+    def __init__(self):
+        self.taken = []
+
+    def __call__(self, args):
+        if args[0] % 2:
+            return False
+        self.taken.append(args)
+        return True
+
+
+def test_launch_takes_the_kept_launcher_where_the_call_fits_it_and_triton_elsewhere(monkeypatch):
+    kernel, kept = _Kernel(), {}
+    monkeypatch.setattr(direct, "ENABLED", True)
+    monkeypatch.setattr(direct.DirectKernel, "keep", classmethod(lambda cls, *a: _Direct()))
+    for x in (2, 4, 5, 6):
+        direct.launch(kept, "k", kernel, (1,), (x,), {})
+    assert kernel.launched == [(2,), (5,)]  # the first call keeps the launcher; 5 does not fit it
+    assert kept["k"].taken == [(4,), (6,)]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_nothing_is_kept_where_it_cannot_be_or_is_not_enabled(monkeypatch, enabled):
+    # A kernel without Triton's compiled pieces (here the seam; on CPU the interpreter's)
+    # keeps nothing, and every call goes through Triton.
+    kernel, kept = _Kernel(), {}
+    monkeypatch.setattr(direct, "ENABLED", enabled)
+    for x in range(3):
+        direct.launch(kept, "k", kernel, (1,), (x,), {})
+    assert kernel.launched == [(0,), (1,), (2,)]
+    assert kept == ({"k": False} if enabled else {})
