@@ -218,12 +218,13 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     import fa2gen.runtime.backward as bwd
+    import fa2gen.runtime.launch as launch
     from fa2gen.generator import gluon
     from fa2gen.runtime.problem import make_problem
 
     launches, built = [], {"layouts": 0, "host descriptors": 0, "Gluon descriptors": 0}
     monkeypatch.setattr(bwd, "load_module", lambda spec, params: _Kernels(launches))
-    monkeypatch.setattr(bwd, "gluon_device_ready", lambda *a, **kw: True)
+    monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled path, not the interpreter's
 
     def counted(fn, what):

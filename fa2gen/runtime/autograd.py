@@ -35,14 +35,12 @@ class AttentionFunction(torch.autograd.Function):
             launch = _backward_launch(q, ctx.problem, deterministic)
             if launches is not None:
                 launches[deterministic] = launch
-        if q.device.type == "cuda":
-            index = q.get_device()
-            if index != torch.cuda.current_device():  # Triton launches on the current device
-                with torch.cuda.device(index):
-                    dq, dk, dv = launch.run(q, k, v, out, lse, dout)
-                return dq, dk, dv, None, None, None, None
-        dq, dk, dv = launch.run(q, k, v, out, lse, dout)
-        return dq, dk, dv, None, None, None, None
+        if q.device.type == "cuda" and q.get_device() != torch.cuda.current_device():
+            with torch.cuda.device(q.get_device()):  # Triton launches on the current device
+                grads = launch.run(q, k, v, out, lse, dout)
+        else:
+            grads = launch.run(q, k, v, out, lse, dout)
+        return (*grads, None, None, None, None)
 
 
 def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:

@@ -3,15 +3,13 @@ atomics from the dK/dV kernel and a store)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows
 from . import direct
 from .interpreter import patch_interpreter
-from .launch import (effective_params, gluon_descriptor, gluon_device_ready, host_descriptor, tma_compatible,
+from .launch import (GluonDevices, effective_params, gluon_descriptor, host_descriptor, tma_compatible,
                      window_extents)
 from .problem import Problem
 
@@ -38,7 +36,7 @@ class BackwardLaunch:
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
     __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "modules", "scalars", "dims",
-                 "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_device", "_direct")
+                 "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices", "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams):
         self.problem = problem
@@ -46,12 +44,15 @@ class BackwardLaunch:
         # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel);
         # the rest from the Triton template on the same tiles (``params`` holds those).
         self.gluon = params if params.gluon else None
-        self.params = params = _triton_part(params) if params.gluon else params
+        self.params = params = params.replace(gluon=0) if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
         self.modules = None  # loaded on the first run: the interpreter check happens there
         self._fallback = None
-        self._gluon_device = None  # the device the Gluon kernel was found to run on
+        # dK/dV's grid has a program per k/v head; dQ's (gluon=2) one per query head
+        gluon = self.gluon.gluon if self.gluon is not None else 0
+        heads = problem.heads_q if gluon == 2 else problem.heads_kv
+        self._gluon_devices = GluonDevices(problem, heads=heads) if gluon else None
         self._direct = {}  # the kernels' launchers, kept by runtime.direct
         b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
         left, right = window_extents(problem)
@@ -94,12 +95,7 @@ class BackwardLaunch:
 
     def _runs_here(self, q, k, v, dout, dq, dk, dv) -> bool:
         if self.gluon is not None:
-            # The device's verdict once per device; the tensors' on every call.
-            # dK/dV's grid has a program per k/v head; dQ's (gluon=2) one per query head.
-            heads = self.problem.heads_q if self.gluon.gluon == 2 else self.problem.heads_kv
-            if q.device != self._gluon_device and gluon_device_ready(self.problem, q.device, heads=heads):
-                self._gluon_device = q.device
-            return q.device == self._gluon_device and tma_compatible(q, k, v, dout, dq, dk, dv)
+            return self._gluon_devices(q.device) and tma_compatible(q, k, v, dout, dq, dk, dv)
         return self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, dout, dq, dk, dv)
 
     def _load(self):
@@ -184,9 +180,3 @@ class BackwardLaunch:
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
             hq, problem.group, nq, nk, *self.scalars, **tiles)
         return dq, dk, dv
-
-
-@functools.lru_cache(maxsize=256)
-def _triton_part(params: TuningParams) -> TuningParams:
-    # The params delta and dQ run with (dataclasses.replace costs ~10 us a call)
-    return params.replace(gluon=0)

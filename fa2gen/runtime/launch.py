@@ -81,6 +81,24 @@ def gluon_device_ready(problem: Problem, device: torch.device, *, persistent: in
     return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).capability[0] == 9
 
 
+class GluonDevices:
+    """``gluon_device_ready`` for one problem and grid, asked once per device (a kept launch
+    holds one): the tensors still need ``tma_compatible`` on every call."""
+
+    __slots__ = ("problem", "persistent", "heads", "_verdicts")
+
+    def __init__(self, problem: Problem, *, persistent: int = 0, heads: int | None = None):
+        self.problem, self.persistent, self.heads = problem, persistent, heads
+        self._verdicts: dict[torch.device, bool] = {}
+
+    def __call__(self, device: torch.device) -> bool:
+        ready = self._verdicts.get(device)
+        if ready is None:
+            ready = self._verdicts[device] = gluon_device_ready(self.problem, device, persistent=self.persistent,
+                                                                heads=self.heads)
+        return ready
+
+
 def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, heads: int | None = None) -> bool:
     """Whether a Gluon kernel can run this call: on the tensors' device (``gluon_device_ready``),
     and on tensors a descriptor can address."""
@@ -92,26 +110,25 @@ def host_descriptor(t: torch.Tensor, rows: int, cols: int):
     """A host tensor descriptor over a whole 4-D tensor, (B, H, N, D) or fp8's transposed V
     (B, H, D, N), with (rows x cols) blocks: rows and columns past its last two dims read as
     zero and are not written. ``t`` must have passed ``tma_compatible``."""
-    cls, bare = _descriptor_class(False)
-    if not bare:
-        return cls(t, list(t.shape), list(t.stride()), [1, 1, rows, cols])
-    _check_box((1, 1, rows, cols))
-    d = _new(cls)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, list(t.shape), list(t.stride()), [1, 1, rows, cols], "zero"
-    return d
+    return _descriptor(False, t, [1, 1, rows, cols])
 
 
 def gluon_descriptor(t: torch.Tensor, box: list[int], layout):
     """A Gluon host descriptor over a whole 4-D tensor with ``box``-shaped blocks staged in
     ``layout`` (``generator.gluon.descriptor_layout``), which is part of its type. ``t`` must
     have passed ``tma_compatible``."""
-    cls, bare = _descriptor_class(True)
+    return _descriptor(True, t, box, layout)
+
+
+def _descriptor(gluon: bool, t: torch.Tensor, box: list[int], *layout):
+    cls, bare = _descriptor_class(gluon)
     if not bare:
-        return cls(t, list(t.shape), list(t.stride()), box, layout)
+        return cls(t, list(t.shape), list(t.stride()), box, *layout)
     _check_box(tuple(box))
     d = _new(cls)
-    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = (t, list(t.shape), list(t.stride()), box,
-                                                                      layout, "zero")
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, list(t.shape), list(t.stride()), box, "zero"
+    if gluon:
+        d.layout = layout[0]
     return d
 
 
@@ -171,7 +188,7 @@ class Launch:
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
     __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "layouts",
-                 "_fallback", "_gluon_device", "backward", "_direct")
+                 "_fallback", "_gluon_devices", "backward", "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
         """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
@@ -181,11 +198,11 @@ class Launch:
         self.spec = spec = problem.kernel_spec()
         self.module = None  # loaded on first run: the interpreter check happens there
         self._fallback = None
-        self._gluon_device = None  # the device the Gluon forward was found to run on
         # The backward launches of calls of this shape (runtime.autograd fills it), by
         # whether the backward must be deterministic.
         self.backward = {}
         self._direct = {}  # the kernel's launcher, kept by runtime.direct
+        self._gluon_devices = GluonDevices(problem, persistent=params.persistent) if params.gluon else None
         if params.gluon:
             self._init_gluon(problem, params, sm_count)
             return
@@ -252,11 +269,7 @@ class Launch:
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
         if self.params.gluon:
-            # The device's verdict once per device; the tensors' on every call.
-            if q.device != self._gluon_device and gluon_device_ready(self.problem, q.device,
-                                                                     persistent=self.params.persistent):
-                self._gluon_device = q.device
-            runs_here = q.device == self._gluon_device and tma_compatible(q, k, v, out)
+            runs_here = self._gluon_devices(q.device) and tma_compatible(q, k, v, out)
         else:
             runs_here = self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out)
         if not runs_here:
