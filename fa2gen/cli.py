@@ -49,7 +49,7 @@ def generate(
     gluon: Annotated[int, typer.Option(
         help="sm90: 0 (the Triton template); fwd: 1 or 2 compute partitions of the warp-specialised "
              "Gluon forward (with --loads tma_host, --num-warps block_m/16); bwd: 1, the Gluon dK/dV "
-             "kernel (with --loads tma_host)")] = 0,
+             "kernel, 2, the Gluon dK/dV and dQ kernels (with --loads tma_host)")] = 0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[Optional[str], typer.Option(
         help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "

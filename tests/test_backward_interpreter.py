@@ -207,3 +207,31 @@ def test_a_kept_backward_launch_serves_later_calls_and_the_deterministic_switch(
         assert verdict.ok, str(verdict)
     assert built == ["atomic", "separate"]
     assert sorted(launches) == [False, True] and launches[True].params.dq_mode == "separate"
+
+
+def test_the_bench_default_provider_runs_the_default_backward(monkeypatch):
+    """`fa2gen bench`'s "default" column is fa2gen without tuned lookups in both directions:
+    its backward runs the heuristic default backward config, whatever the tuned lookup says."""
+    from fa2gen.bench.grid import Case
+    from fa2gen.bench.providers import PROVIDERS
+    from fa2gen.generator.spec import TuningParams as P
+    from fa2gen.runtime import autograd
+    from fa2gen.runtime.backward import BackwardLaunch
+    from fa2gen.runtime.defaults import bucket_default
+    from fa2gen.store.buckets import Bucket
+
+    # A tuned lookup that answers something else, which the default provider must not take.
+    monkeypatch.setattr(autograd, "select_params", lambda *a: P(block_m=16, block_n=16, num_warps=4, num_stages=1))
+    ran = []
+    real = BackwardLaunch.run
+    monkeypatch.setattr(BackwardLaunch, "run", lambda self, *a, **kw: ran.append(self.params) or real(self, *a, **kw))
+    case = Case(1, 2, 37, 32, True, "fp16")
+    q, k, v = (t.detach().requires_grad_() for t in rand_qkv(1, 2, 2, 37, 37, 32, seed=23))
+    run = PROVIDERS["fa2gen-default"].build(case, q, k, v)
+    out = run()
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(24)).to(out.dtype)
+    out.backward(dout)
+    problem = make_problem(q, k, v, causal=True)
+    assert ran == [bucket_default(Bucket.of(problem, "bwd"), "cpu")]
+    verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)
+    assert verdict.ok, str(verdict)

@@ -21,7 +21,6 @@ G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma
 
 
 @pytest.mark.parametrize("spec,params,match", [
-    (BWD, G64.replace(gluon=2, block_m=128, num_warps=8), "gluon=1"),
     (KernelSpec(direction="bwd", head_dim=64, mask="local"), G64, "causal"),
     (KernelSpec(direction="bwd", head_dim=64, softcap=True), G64, "softcap"),
     (KernelSpec(direction="bwd", head_dim=96), G64, "head dims"),
@@ -37,16 +36,16 @@ def test_rules_name_what_the_gluon_dkdv_kernel_cannot_do(spec, params, match):
         render(spec, params, name="x")
 
 
-def test_gluon_points_render_one_kernel_each():
-    points = [p for p in param_space(BWD) if p.gluon]
-    # (64 | 128 keys) x (32 | 64 queries) x 4 stage counts
+@pytest.mark.parametrize("gluon,kernels", [(1, ["attn_bwd_dkdv"]), (2, ["attn_bwd_dkdv", "attn_bwd_dq"])])
+def test_gluon_points_render_their_kernels(gluon, kernels):
+    points = [p for p in param_space(BWD) if p.gluon == gluon]
+    # (64 | 128 rows owned) x (32 | 64 rows a step) x 4 stage counts
     assert len(points) == 2 * 2 * 4
     bodies = set()
     for p in points:
         src = render(BWD, p, name="x")
         tree = ast.parse(src)
-        assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == \
-            ["attn_bwd_dkdv"]
+        assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == kernels
         bodies.add(src.split("\nLOG2E", 1)[1])
     assert len(bodies) == 1  # tiles and stages are constexprs, not code
 
@@ -73,7 +72,8 @@ _CHILD = textwrap.dedent(r"""
 
 
 def test_compiles_for_sm90_without_spills():
-    """Its three kernels (delta and dQ from the Triton template, dK/dV in Gluon)."""
+    """Its three kernels (delta from the Triton template, dK/dV in Gluon, dQ in Gluon with
+    gluon=2 and from the Triton template with gluon=1)."""
     got = compiled_child(_CHILD)
     assert len(got) == 2 * len(GLUON_BWD_CANDIDATES)
     for k in got:
@@ -81,9 +81,42 @@ def test_compiles_for_sm90_without_spills():
         assert all(spill == 0 for _, spill in k["kernels"].values()), k
 
 
+_SASS_CHILD = textwrap.dedent(r"""
+    import json, re, subprocess, tempfile
+    from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool
+    from fa2gen.generator.spec import KernelSpec
+    from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
+    out = {}
+    spec = KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")
+    params = [p for p in GLUON_BWD_CANDIDATES if p.gluon == 2][0]
+    for name, kernel in compiled_kernels(spec, params, "sm90"):
+        if name == "attn_bwd_delta":
+            continue
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            assemble(kernel, "sm90", cubin.name, name=name)
+            sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                                  text=True).stdout
+        # In SASS order: waits for <= 1 (W) and for 0 (Z) outstanding wgmma groups, and the
+        # exponentials (E). An E after a W and before the next Z runs under a matmul in flight.
+        waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([01])|(MUFU\.EX2)", sass)
+        order = "".join("E" if ex2 else "WZ"[wait == "0"] for wait, ex2 in waits)
+        out[name] = {"hgmma": sass.count("HGMMA"), "exp_under_mma": re.search("W[^Z]*E", order) is not None}
+    print(json.dumps(out))
+""")
+
+
+def test_the_gluon_kernels_run_their_exponentials_under_a_matmul():
+    # What the Gluon kernels are for: in both, ptxas keeps the exponentials between a wait
+    # that leaves the dP matmul in flight and the wait for it (HGMMA: Hopper's wgmma).
+    got = compiled_child(_SASS_CHILD)
+    assert set(got) == {"attn_bwd_dkdv", "attn_bwd_dq"}
+    for name, k in got.items():
+        assert k["hgmma"] > 0 and k["exp_under_mma"], (name, k)
+
+
 def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
-    assert space.gluon == (0, 1) and space_for("sm80", "bwd").gluon == (0,)
+    assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
@@ -101,8 +134,8 @@ ODD = [
 ]
 
 
-@gluon_cases(GLUON_BWD_CANDIDATES, ODD, "the Gluon dK/dV kernel")
-def test_gradients_through_the_gluon_dkdv_kernel(monkeypatch, params, dtype, shape, causal, layout):
+@gluon_cases(GLUON_BWD_CANDIDATES, ODD, "the Gluon backward")
+def test_gradients_through_the_gluon_backward_kernels(monkeypatch, params, dtype, shape, causal, layout):
     import fa2gen
     import fa2gen.runtime.autograd as autograd
     from fa2gen.bench.correctness import check_backward
@@ -129,6 +162,34 @@ def test_gradients_through_the_gluon_dkdv_kernel(monkeypatch, params, dtype, sha
     assert verdict.ok, str(verdict)
 
 
+# Keys past Nk in the last key block, and every score about -30: LSE far below zero, where a
+# padded key's P = exp(-LSE) would overflow dS's 16-bit cast unless the key is masked.
+PADDED = [((1, 2, 2, 96, 333, 64), False, "bhnd"), ((2, 4, 2, 130, 200, 128), False, "bnhd"),
+          ((1, 2, 1, 200, 333, 128), True, "bhnd")]
+
+
+@gluon_cases([p for p in GLUON_BWD_CANDIDATES if p.gluon == 2], PADDED, "the Gluon dQ kernel")
+def test_the_gluon_dq_kernel_masks_keys_past_nk(params, dtype, shape, causal, layout):
+    from helpers import rand_qkv
+
+    from fa2gen.bench.correctness import check_backward
+    from fa2gen.runtime.backward import backward
+    from fa2gen.runtime.defaults import default_params
+    from fa2gen.runtime.launch import forward
+    from fa2gen.runtime.problem import make_problem
+
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape))
+    q, k = 2 + 0.1 * q, -(2 + 0.1 * k)  # q . k about -4 D: scores about -32 (D=64) and -45 (D=128)
+    problem = make_problem(q, k, v, causal=causal)
+    out, lse = forward(q, k, v, problem, default_params(problem.kernel_spec(), "sm90", problem.seqlen_q))
+    assert float(lse.max()) < -20
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    backward(q, k, v, out, lse, dout, problem, params, dq=dq, dk=dk, dv=dv)
+    verdict = check_backward(q, k, v, problem, dout, dq, dk, dv)
+    assert verdict.ok, str(verdict)
+
+
 class _Kernels:
     """Test seam standing in for a compiled backward module on CPU: records each launch's
     kernel name and arguments instead of running it (no GPU here to run them)."""
@@ -147,10 +208,11 @@ class _Kernels:
         return _Kernel()
 
 
-def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monkeypatch):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monkeypatch, mode):
     # Host time decides the short cells: a kept launch builds its layouts once; each call
-    # builds the Gluon dK/dV kernel's six descriptors and the Triton dQ kernel's five, and no
-    # Triton dK/dV descriptors for nothing.
+    # builds the Gluon dK/dV kernel's six descriptors and the dQ kernel's five (Gluon ones
+    # with gluon=2, Triton ones with gluon=1), and no Triton dK/dV descriptors for nothing.
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -179,7 +241,7 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
     q, k, v, out, dout = (torch.randn(2, 3, 96, 128, dtype=torch.bfloat16) for _ in range(5))
     lse = torch.randn(2, 3, 96)
     problem = make_problem(q, k, v, causal=True)
-    kept = bwd.BackwardLaunch(problem, G64)
+    kept = bwd.BackwardLaunch(problem, G64.replace(gluon=mode))
     for _ in range(3):
         launches.clear()
         kept.run(q, k, v, out, lse, dout)
@@ -187,15 +249,18 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
         dkdv, dq = launches[1][1], launches[2][1]
         assert sum(isinstance(a, GluonDescriptor) for a in dkdv) == 6
         assert not any(isinstance(a, TensorDescriptor) for a in dkdv)
-        assert sum(isinstance(a, TensorDescriptor) for a in dq) == 5
-    assert built == {"layouts": 1, "host descriptors": 3 * 5, "Gluon descriptors": 3 * 6}
+        # gluon=2: the Gluon dQ kernel's five; gluon=1: the Triton dQ kernel's five
+        assert sum(isinstance(a, GluonDescriptor if mode == 2 else TensorDescriptor) for a in dq) == 5
+    # one box shape here: one layout; Triton descriptors only for the Triton dQ kernel
+    host = 0 if mode == 2 else 3 * 5
+    assert built == {"layouts": 1, "host descriptors": host, "Gluon descriptors": 3 * (6 if mode == 1 else 11)}
     # A tensor descriptors cannot address (an odd offset) sends the call to the pointer path.
     launches.clear()
     shifted = torch.randn(2 * 3 * 96 * 128 + 1, dtype=torch.bfloat16)[1:].view(2, 3, 96, 128)
     kept.run(shifted, k, v, out, lse, dout)
     assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
     assert not any(isinstance(a, (TensorDescriptor, GluonDescriptor)) for _, args in launches for a in args)
-    assert built["Gluon descriptors"] == 3 * 6 and built["host descriptors"] == 3 * 5
+    assert built["host descriptors"] == host
 
 
 def test_descriptors_built_field_by_field_equal_triton_constructed_ones():

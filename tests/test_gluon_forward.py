@@ -24,7 +24,7 @@ WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma
 
 
 @pytest.mark.parametrize("spec,params,match", [
-    (KernelSpec(direction="bwd", head_dim=64), WS2, "gluon=1"),
+    (KernelSpec(direction="bwd", head_dim=64), WS2, "steps"),
     (KernelSpec(head_dim=64, mask="local"), WS2, "causal"),
     (KernelSpec(head_dim=64, softcap=True), WS2, "softcap"),
     (KernelSpec(head_dim=80), WS2, "head dims"),
@@ -141,7 +141,7 @@ def test_compiles_for_sm90_without_spills():
 
 def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
     space = space_for("sm90", "fwd")
-    assert space.gluon == (0, 1, 2) and space_for("sm90", "bwd").gluon == (0, 1)
+    assert space.gluon == (0, 1, 2) and space_for("sm90", "bwd").gluon == (0, 1, 2)
     assert space_for("sm80", "fwd").gluon == (0,)
     long = Bucket.parse("fwd/fp16/d128/causal/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, long.kernel_spec(), long) == list(GLUON_CANDIDATES)

@@ -38,9 +38,10 @@ def _fa2gen(case, q, k, v):
 
 
 def _fa2gen_default(case, q, k, v):
-    """fa2gen with its heuristic default forward config, skipping tuned lookups (the A/B
-    baseline). Its backward, when timed, dispatches as attention()'s does."""
+    """fa2gen with its heuristic default configs, forward and backward, skipping tuned
+    lookups (the A/B baseline)."""
     from fa2gen.runtime.autograd import differentiable
+    from fa2gen.runtime.backward import BackwardLaunch
     from fa2gen.runtime.defaults import bucket_default
     from fa2gen.runtime.device import cuda_device_info
     from fa2gen.runtime.launch import forward
@@ -50,12 +51,18 @@ def _fa2gen_default(case, q, k, v):
     problem = make_problem(q, k, v, causal=case.causal)
     arch = cuda_device_info(q.device.index or 0).arch if q.device.type == "cuda" else "cpu"
     params = bucket_default(Bucket.of(problem), arch)
+    launches = None  # fp8 has no backward
+    if not problem.kernel_spec().fp8:
+        # autograd takes the backward launch kept here, as attention() keeps its dispatched one
+        bwd = bucket_default(Bucket.of(problem, "bwd"), arch)
+        launches = {False: BackwardLaunch(problem, bwd), True: BackwardLaunch(problem, bwd.replace(dq_mode="separate"))}
 
     def run():
         # Validation stays in the timed call, as in attention(), so both pay the same host cost.
         p = make_problem(q, k, v, causal=case.causal)
-        return differentiable(q, k, v, p, functools.partial(forward, q, k, v, p, params))[0]
+        return differentiable(q, k, v, p, functools.partial(forward, q, k, v, p, params), launches=launches)[0]
 
+    run.launches = launches
     return run
 
 

@@ -95,11 +95,15 @@ def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
     return attrs
 
 
-_GLUON_KERNEL = {"fwd": "attn_fwd", "bwd": "attn_bwd_dkdv"}
+def _gluon_kernels(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
+    """The kernels a Gluon variant writes in Gluon (the backward's others are Triton's)."""
+    if spec.direction == "fwd":
+        return ("attn_fwd",)
+    return ("attn_bwd_dkdv", "attn_bwd_dq") if params.gluon == 2 else ("attn_bwd_dkdv",)
 
 
 def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
-    if params.gluon and kernel == "attn_bwd_dkdv":
+    if params.gluon and kernel in ("attn_bwd_dkdv", "attn_bwd_dq"):
         return {"HEAD_DIM": spec.head_dim, "OUTER": params.block_m, "INNER": params.block_n,
                 "STAGES": params.num_stages}
     if params.gluon:
@@ -113,9 +117,10 @@ def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
     return {**dims, "OUTER": params.block_m, "INNER": params.block_n}
 
 
-def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90"):
+def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90", *, skip: tuple[str, ...] = ()):
     """Each kernel of a variant compiled for ``arch`` (e.g. "sm90", "sm80") as a GPU launch
-    specialises it, without a GPU: yields (kernel name, Triton's compiled kernel)."""
+    specialises it, without a GPU: yields (kernel name, Triton's compiled kernel). Kernels
+    named in ``skip`` are not compiled."""
     if interpreting():
         raise RuntimeError("compiling ahead needs compiled Triton: unset TRITON_INTERPRET")
     import triton
@@ -123,14 +128,17 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
     from triton.compiler import ASTSource
 
     if params.gluon:
-        if spec.direction == "bwd":  # delta and dQ from the Triton template, dK/dV in Gluon
-            for name, kernel in compiled_kernels(spec, params.replace(gluon=0), arch):
-                if name != "attn_bwd_dkdv":
-                    yield name, kernel
-        yield _GLUON_KERNEL[spec.direction], _compile_gluon(load_module(spec, params), spec, params, arch)
+        gluon_kernels = _gluon_kernels(spec, params)
+        if spec.direction == "bwd":  # delta (gluon=1: and dQ) from the Triton template
+            yield from compiled_kernels(spec, params.replace(gluon=0), arch, skip=gluon_kernels)
+        module = load_module(spec, params)
+        for name in gluon_kernels:
+            yield name, _compile_gluon(module, spec, params, arch, name)
         return
     module = load_module(spec, params)
     for name in kernels_of(spec, params):
+        if name in skip:
+            continue
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
         options = ({"num_warps": PASS_WARPS, "num_stages": 1} if name in PASS_KERNELS
@@ -140,18 +148,19 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
         yield name, triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
 
 
-def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str):
-    # The Gluon forward takes host descriptors whose shared-memory layout is part of their
-    # type; the launch options (warps of the default partition, register limit) are the module's.
+def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, kernel: str):
+    # Gluon kernels take host descriptors whose shared-memory layout is part of their type; the
+    # launch options (warps of the default partition, register limit) are the module's.
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .gluon import descriptor_boxes, descriptor_layout, dkdv_boxes
+    from .gluon import backward_boxes, descriptor_boxes, descriptor_layout
 
-    fn = getattr(module, _GLUON_KERNEL[spec.direction])
+    fn = getattr(module, kernel)
     constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
-    boxes = dict(zip("QKVO", descriptor_boxes(spec, params))) if spec.direction == "fwd" else dkdv_boxes(spec, params)
+    boxes = (dict(zip("QKVO", descriptor_boxes(spec, params))) if spec.direction == "fwd"
+             else backward_boxes(spec, params, kernel))
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:

@@ -70,7 +70,7 @@ def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:
     if info is None:
         return f"unknown arch {arch!r}"
     if params.gluon and not info.has_wgmma:
-        return f"the Gluon forward issues Hopper's wgmma; {arch} has none"
+        return f"the Gluon kernels issue Hopper's wgmma; {arch} has none"
     if params.loads in TMA_LOADS and not info.has_tma:
         return f"tma loads need sm90+, {arch} has none"
     if spec.fp8 and not info.has_fp8:

@@ -32,9 +32,10 @@ def descriptor_boxes(spec, params) -> tuple[list[int], ...]:
     return [1, 1, rows, d], [1, 1, params.block_n, d], v, [1, 1, rows, d]
 
 
-def dkdv_boxes(spec, params) -> dict[str, list[int]]:
-    """The boxes of the backward's Gluon dK/dV kernel, by argument: block_m rows of the keys a
-    program owns (K, V, DK, DV), block_n rows of the queries a step takes (Q, DO)."""
-    d = spec.head_dim
-    return {t: [1, 1, params.block_m if t in ("K", "V", "DK", "DV") else params.block_n, d]
-            for t in ("Q", "K", "V", "DO", "DK", "DV")}
+def backward_boxes(spec, params, kernel: str) -> dict[str, list[int]]:
+    """The boxes of a backward Gluon kernel's descriptors, by argument: block_m rows of what a
+    program owns (attn_bwd_dkdv: K, V, DK, DV; attn_bwd_dq: Q, DO, DQ), block_n rows of what
+    a step takes."""
+    owned = ("K", "V", "DK", "DV") if kernel == "attn_bwd_dkdv" else ("Q", "DO", "DQ")
+    return {t: [1, 1, params.block_m if t in owned else params.block_n, spec.head_dim]
+            for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}

@@ -119,7 +119,7 @@ class TuningParams:
     persistent (forward only): 0 launches one program per (query block, batch * head) tile;
         1 or 2 launch that many programs per SM, each walking tiles in turn, the heaviest
         causal tiles of every head first.
-    gluon (forward only, sm90): 0 renders the Triton template. 1 or 2 render the Gluon
+    gluon (sm90): 0 renders the Triton template. Forward: 1 or 2 render the Gluon
         template, a warp-specialised kernel: one loader warp streams K and V through the TMA
         into a ring of num_stages slots while the compute warps (block_m // 16, 16 query rows
         each) run the matmuls and the softmax. With 2, each 64-row warp group is a partition
@@ -129,7 +129,9 @@ class TuningParams:
         with persistent > 0 its programs walk tiles, each loader fetching the next tile while
         its compute partitions finish the last one. Backward: 1 writes the dK/dV kernel in
         Gluon (its matmuls overlapped with the exponentials and dS); delta and dQ stay the
-        Triton template's, with the same tiles.
+        Triton template's, with the same tiles. 2 writes the dQ kernel in Gluon as well
+        (block_m queries a program, block_n keys a step; the exponentials under dP's matmul,
+        each step's dQ matmul under the next step's loads).
     """
 
     block_m: int = 64
@@ -235,20 +237,20 @@ GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
 
 
 def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
-    if params.gluon != 1:
-        return "the backward's Gluon dK/dV kernel has one compute partition: gluon=1"
+    if params.gluon not in (1, 2):
+        return "the backward's Gluon kernels: gluon=1 (dK/dV) or gluon=2 (dK/dV and dQ)"
     if spec.mask not in ("none", "causal") or spec.softcap:
-        return "the Gluon dK/dV kernel takes no mask or a causal one, without softcap"
+        return "the Gluon backward kernels take no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:
-        return f"the Gluon dK/dV kernel takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
+        return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
     if params.loads != "tma_host" or params.dq_mode != "separate":
-        return "the Gluon dK/dV kernel reads through host descriptors, dQ in its own kernel: loads=tma_host, dq_mode=separate"
+        return "the Gluon backward kernels read through host descriptors, dQ in its own kernel: loads=tma_host, dq_mode=separate"
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
-        return f"the Gluon dK/dV kernel owns {GLUON_TILES} keys and steps {GLUON_BWD_STEPS} queries"
+        return f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps (dK/dV: keys, queries; dQ: queries, keys)"
     if params.num_warps != params.block_m // 16:
-        return "the Gluon dK/dV kernel runs block_m // 16 warps (16 keys each)"
+        return "the Gluon backward kernels run block_m // 16 warps (16 keys each in dK/dV, 16 queries in dQ)"
     if params.num_stages < 2:
-        return "the Gluon dK/dV kernel's Q/dO ring needs num_stages >= 2"
+        return "the Gluon backward kernels' rings need num_stages >= 2"
     return None
 
 

@@ -36,21 +36,23 @@ class BackwardLaunch:
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
     __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "modules", "scalars", "dims",
-                 "launch", "passes", "rows", "grids", "boxes", "layouts", "_fallback", "_gluon_devices", "_direct")
+                 "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices", "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams):
         self.problem = problem
         self.spec = spec = problem.kernel_spec("bwd")
-        # gluon=1: the dK/dV kernel in Gluon where it can run; delta and dQ from the Triton
-        # template on the same tiles (``params`` holds those).
+        # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel);
+        # the rest from the Triton template on the same tiles (``params`` holds those).
         self.gluon = params if params.gluon else None
         self.params = params = params.replace(gluon=0) if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
         self.modules = None  # loaded on the first run: the interpreter check happens there
         self._fallback = None
-        # dK/dV's grid has a program per k/v head
-        self._gluon_devices = GluonDevices(problem, heads=problem.heads_kv) if self.gluon is not None else None
+        # dK/dV's grid has a program per k/v head; dQ's (gluon=2) one per query head
+        gluon = self.gluon.gluon if self.gluon is not None else 0
+        heads = problem.heads_q if gluon == 2 else problem.heads_kv
+        self._gluon_devices = GluonDevices(problem, heads=heads) if gluon else None
         self._direct = {}  # the kernels' launchers, kept by runtime.direct
         b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
         left, right = window_extents(problem)
@@ -65,15 +67,20 @@ class BackwardLaunch:
             dkdv=(-(-nk // outer) * b * hkv,),
             dq=(-(-nq // outer) * b * hq,),
             gluon_dkdv=(-(-nk // outer), b * hkv),
+            gluon_dq=(-(-nq // outer), b * hq),
         )
-        self.boxes = self.layouts = None
+        # Each Gluon kernel's (box, layout) per descriptor, in its argument order. Layouts
+        # are part of a Gluon descriptor's type: built once here, not per call.
+        self.boxes = {}
         if self.gluon is not None:
-            from ..generator.gluon import descriptor_layout, dkdv_boxes
+            from ..generator.gluon import backward_boxes, descriptor_layout
 
-            # Layouts are part of a Gluon descriptor's type: built once here, not per call.
-            boxes = dkdv_boxes(spec, self.gluon)
-            self.boxes = tuple(boxes[name] for name in ("Q", "K", "V", "DO", "DK", "DV"))
-            self.layouts = tuple(descriptor_layout(box, spec.dtype) for box in self.boxes)
+            kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV")}
+            if self.gluon.gluon == 2:
+                kernels["attn_bwd_dq"] = ("Q", "K", "V", "DO", "DQ")
+            for kernel, names in kernels.items():
+                boxes = backward_boxes(spec, self.gluon, kernel)
+                self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], spec.dtype)) for n in names)
 
     def fallback(self) -> "BackwardLaunch":
         """The launch to run where this one cannot: the Triton dK/dV kernel where the Gluon
@@ -142,13 +149,19 @@ class BackwardLaunch:
         if self.atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
             dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
         if self.gluon is not None:  # its descriptors carry a layout (part of a Gluon kernel's type)
-            gluon_module = modules[1]
-            descs = [gluon_descriptor(t, box, layout)
-                     for t, box, layout in zip((q, k, v, dout, dk, dv), self.boxes, self.layouts)]
-            run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"], *descs,
-                lse, delta, hkv, problem.group, nq, nk, problem.sm_scale,
-                HEAD_DIM=problem.head_dim, OUTER=self.gluon.block_m, INNER=self.gluon.block_n,
-                STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
+            gluon_module, boxes = modules[1], self.boxes
+            shape = dict(HEAD_DIM=problem.head_dim, OUTER=self.gluon.block_m, INNER=self.gluon.block_n,
+                         STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
+            run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"],
+                *[gluon_descriptor(t, box, layout)
+                  for t, (box, layout) in zip((q, k, v, dout, dk, dv), boxes["attn_bwd_dkdv"])],
+                lse, delta, hkv, problem.group, nq, nk, problem.sm_scale, **shape)
+            if self.gluon.gluon == 2:
+                run(gluon_module.attn_bwd_dq, grids["gluon_dq"],
+                    *[gluon_descriptor(t, box, layout)
+                      for t, (box, layout) in zip((q, k, v, dout, dq), boxes["attn_bwd_dq"])],
+                    lse, delta, hq, problem.group, nq, nk, problem.sm_scale, **shape)
+                return dq, dk, dv
         else:
             dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
                          tile(dk, outer), tile(dv, outer))

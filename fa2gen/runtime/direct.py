@@ -1,5 +1,5 @@
 """Launching a kept launch's kernels through their compiled launchers, past Triton's
-per-call dispatch (experimental; off unless FA2GEN_DIRECT_LAUNCH=1).
+per-call dispatch (on unless FA2GEN_DIRECT_LAUNCH=0).
 
 A launch through ``kernel[grid](...)`` binds the arguments, specialises each (a tensor by
 its 16-byte alignment, an int by its value being 1 or a multiple of 16), builds a cache key
@@ -9,7 +9,8 @@ launches the same kernel with arguments that differ only in where the tensors li
 after its first launch it can call the compiled kernel's launcher directly, as long as the
 call specialises the same way: every int argument equal to the first call's, every tensor
 argument aligned as it was (a descriptor's specialisation is its dtype, box and layout,
-fixed by the launch). Any other call takes Triton's path.
+fixed by the launch). Any other call takes Triton's path, as does every call while a
+launch hook (a profiler) is set.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 
 import torch
 
-ENABLED = os.environ.get("FA2GEN_DIRECT_LAUNCH", "0") == "1"
+ENABLED = os.environ.get("FA2GEN_DIRECT_LAUNCH", "1") != "0"
 
 
 def signature(args) -> tuple:
@@ -49,8 +50,7 @@ class DirectKernel:
             from triton import knobs
             from triton.runtime.driver import driver
 
-            if (knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
-                    or kernel.pre_run_hooks):
+            if _hooked(knobs) or kernel.pre_run_hooks:
                 return None
             device = driver.active.get_current_device()
             compiled = kernel.warmup(*args, grid=grid, **options)  # the kernel the launch ran
@@ -76,8 +76,7 @@ class DirectKernel:
         """Launch on ``args`` if they specialise as the kept call's did (True); else do
         nothing (False) and let the caller launch through Triton."""
         knobs = self._knobs
-        if (signature(args) != self.signature or knobs.runtime.launch_enter_hook is not None
-                or knobs.runtime.launch_exit_hook is not None or _modes(knobs) != self.modes or self.hooks):
+        if signature(args) != self.signature or _hooked(knobs) or _modes(knobs) != self.modes or self.hooks:
             return False
         drv = self._driver
         device = drv.get_current_device()
@@ -86,6 +85,13 @@ class DirectKernel:
         self.run(*self.grid, drv.get_current_stream(device), self.function, self.metadata, None, None, None,
                  *args, *self.tail)
         return True
+
+
+def _hooked(knobs) -> bool:
+    # Triton's launch hooks are chains, empty unless something (a profiler) added to them; a
+    # hook set in their place is a plain callable.
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
 def _modes(knobs) -> tuple:

@@ -117,7 +117,7 @@ BWD_SPACES = {
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
                       ("separate",) if arch == "sm90" else ("separate", "atomic"),
-                      gluon=(0, 1) if arch == "sm90" else (0,))
+                      gluon=(0, 1, 2) if arch == "sm90" else (0,))
     for arch in SPACES
 }
 
@@ -162,13 +162,18 @@ GLUON_CANDIDATES = (
 )
 
 
-# The backward's Gluon dK/dV kernel (delta and dQ stay Triton's, with the same tiles): on the
-# H200 (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program and 64 queries a step
-# ran 1.27x fa2gen's dK/dV kernel, the best of five forms; 128 x 32 is the Triton dQ kernel's
-# own favourite tile at D=128 (the shipped backward defaults).
+# The backward's Gluon kernels. gluon=1, the dK/dV kernel (delta and dQ stay Triton's, with
+# the same tiles): on the H200 (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program
+# and 64 queries a step ran 1.27x fa2gen's dK/dV kernel, the best of five forms, and won every
+# D=128 bucket of the re-tune; 128 x 32 is the Triton dQ kernel's own favourite tile at D=128
+# (the shipped backward defaults). gluon=2 adds the Gluon dQ kernel on the same tiles: 64 x 64
+# with two stages, and 128 x 32 with three (its dQ kernel prefetches num_stages - 1 key
+# blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal).
 GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
 )
 
 
