@@ -62,7 +62,6 @@ def _fa2gen_default(case, q, k, v):
         p = make_problem(q, k, v, causal=case.causal)
         return differentiable(q, k, v, p, functools.partial(forward, q, k, v, p, params), launches=launches)[0]
 
-    run.launches = launches
     return run
 
 
