@@ -94,5 +94,10 @@ def test_direct_launches_are_the_default_and_an_env_var_turns_them_off(monkeypat
             else:
                 monkeypatch.setenv("FA2GEN_DIRECT_LAUNCH", value)
             assert importlib.reload(direct).ENABLED is expected
+        monkeypatch.setenv("FA2GEN_DIRECT_LAUNCH", "false")  # a value that reads as off but is not "0"
+        with pytest.raises(ValueError, match="FA2GEN_DIRECT_LAUNCH"):
+            importlib.reload(direct)
     finally:
+        monkeypatch.delenv("FA2GEN_DIRECT_LAUNCH", raising=False)
+        importlib.reload(direct)
         direct.ENABLED = before

@@ -19,7 +19,14 @@ import os
 
 import torch
 
-ENABLED = os.environ.get("FA2GEN_DIRECT_LAUNCH", "1") != "0"
+def _enabled() -> bool:
+    value = os.environ.get("FA2GEN_DIRECT_LAUNCH", "1")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"FA2GEN_DIRECT_LAUNCH must be 0 (launch through Triton) or 1 (the default), got {value!r}")
+    return value != "0"
+
+
+ENABLED = _enabled()
 
 
 def signature(args) -> tuple:
