@@ -75,7 +75,7 @@ def simulate(order: str, heads: int, n: int, d: int, programs: int, block: int, 
                 while cached > l2_bytes:
                     cache.popitem(last=False)
                     cached -= block_bytes
-            pos[p] = [ti + 1, 0] if kb + 1 == pid_m + 1 else [ti, kb + 1]
+            pos[p] = [ti + 1, 0] if kb == pid_m else [ti, kb + 1]  # a tile walks key blocks 0..pid_m
         if not busy:
             break
         steps += 1
