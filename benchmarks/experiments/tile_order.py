@@ -13,8 +13,9 @@ Orders:
   persistent causal order of perf-notes v27, and the Triton template's): balanced, but a head's
   query blocks run a whole pass over all heads apart, so its K/V leaves L2 between them.
 - rotating: head-major, so that a head's query blocks run together, each head's blocks
-  rotated by the round in which its first tile falls, so that a program takes every length
-  in turn (perf-notes v33).
+  rotated by the round in which its first tile falls times (1 - P % num_m), so that a
+  program's query block moves by exactly one a round and it takes every length in turn; where
+  the programs walk fewer than num_m - 1 tiles each, block-major (perf-notes v33).
 
 It is a model, not a measurement: ncu's DRAM bytes on the device say what the L2 really does
 (benchmarks/results/ncu-probe-h200.txt for the block-major order at N=512).
@@ -33,9 +34,12 @@ def tile(order: str, t: int, num_tiles: int, num_m: int, programs: int) -> tuple
     if order == "block-major":
         heads = num_tiles // num_m
         bh, r = t % heads, t // heads
+    elif num_tiles < (num_m - 1) * programs:
+        return tile("block-major", t, num_tiles, num_m, programs)
     else:
         bh = t // num_m
-        r = (t % num_m + bh * num_m // programs) % num_m
+        step = 1 + num_m - programs % num_m
+        r = (t % num_m + (bh * num_m // programs) % num_m * step) % num_m
     return bh, num_m - 1 - r
 
 
