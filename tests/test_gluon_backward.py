@@ -29,6 +29,9 @@ G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma
     (BWD, G64.replace(block_n=128), "steps"),
     (BWD, G64.replace(num_warps=8), "16 keys each"),
     (BWD, G64.replace(num_stages=1), "num_stages >= 2"),
+    (BWD, G64.replace(gluon=2, dq_mode="matmul"), "needs gluon=1"),
+    (BWD, TuningParams(dq_mode="matmul"), "needs gluon=1"),
+    (KernelSpec(direction="fwd", head_dim=64), G64.replace(dq_mode="matmul"), "backward knob"),
 ])
 def test_rules_name_what_the_gluon_dkdv_kernel_cannot_do(spec, params, match):
     assert match in unsupported(spec, params)
@@ -38,7 +41,7 @@ def test_rules_name_what_the_gluon_dkdv_kernel_cannot_do(spec, params, match):
 
 @pytest.mark.parametrize("gluon,kernels", [(1, ["attn_bwd_dkdv"]), (2, ["attn_bwd_dkdv", "attn_bwd_dq"])])
 def test_gluon_points_render_their_kernels(gluon, kernels):
-    points = [p for p in param_space(BWD) if p.gluon == gluon]
+    points = [p for p in param_space(BWD) if p.gluon == gluon and p.dq_mode == "separate"]
     # (64 | 128 rows owned) x (32 | 64 rows a step) x 4 stage counts
     assert len(points) == 2 * 2 * 4
     bodies = set()
@@ -48,6 +51,20 @@ def test_gluon_points_render_their_kernels(gluon, kernels):
         assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == kernels
         bodies.add(src.split("\nLOG2E", 1)[1])
     assert len(bodies) == 1  # tiles and stages are constexprs, not code
+
+
+def test_dq_mode_matmul_renders_the_dkdv_kernel_with_its_ds_store():
+    points = [p for p in param_space(BWD) if p.dq_mode == "matmul"]
+    assert points and all(p.gluon == 1 for p in points) and len(points) == 2 * 2 * 4
+    sources = {render(BWD, p, name="x") for p in points}
+    bodies = {src.split("\nLOG2E", 1)[1] for src in sources}
+    assert len(bodies) == 1
+    src = next(iter(sources))
+    kernel = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "attn_bwd_dkdv")
+    assert [a.arg for a in kernel.args.args][:9] == ["Q", "K", "V", "DO", "DK", "DV", "DST", "LSE", "DELTA"]
+    assert "DS_OUT = gl.constexpr(True)" in src and "attn_bwd_dq(" not in src
+    separate = render(BWD, G64, name="x")
+    assert "DS_OUT = gl.constexpr(False)" in separate and "DST" not in separate.split("def attn_bwd_dkdv", 1)[1][:200]
 
 
 def test_the_backward_hash_covers_the_gluon_template():
@@ -77,7 +94,9 @@ def test_compiles_for_sm90_without_spills():
     got = compiled_child(_CHILD)
     assert len(got) == 2 * len(GLUON_BWD_CANDIDATES)
     for k in got:
-        assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dq", "attn_bwd_dkdv"}, k
+        # dq_mode matmul: dQ is a matmul outside the generated kernels
+        dq = set() if "dq-matmul" in k["label"] else {"attn_bwd_dq"}
+        assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dkdv"} | dq, k
         assert all(spill == 0 for _, spill in k["kernels"].values()), k
 
 
@@ -280,3 +299,111 @@ def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
     assert type(made) is GluonDescriptor and type(host_descriptor(t, 64, 128)) is TensorDescriptor
     with pytest.raises(ValueError, match="power of 2"):  # the box is still checked, once per box
         host_descriptor(t, 48, 128)
+
+
+class _MathKernels:
+    """Test seam standing in for a compiled backward module on CPU (no GPU to run the Gluon
+    kernels here): its delta and dK/dV "kernels" compute what the real ones compute, in fp32
+    torch on the tensors under their descriptors, so that the host side of dq_mode matmul
+    (chunks, slices, scratch, the dQ matmul) is checked against a reference for real."""
+
+    LAUNCH = dict(num_warps=4)
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def __getattr__(self, name):
+        chunks = self.chunks
+
+        class _Kernel:
+            def __getitem__(self, grid):
+                return lambda *args, **kw: getattr(_MathKernels, "_" + name)(chunks, grid, *args)
+        return _Kernel()
+
+    @staticmethod
+    def _attn_bwd_delta(chunks, grid, out, dout, delta, *rest):
+        delta.copy_((out.float() * dout.float()).sum(-1))
+
+    @staticmethod
+    def _attn_bwd_dkdv(chunks, grid, Q, K, V, DO, DK, DV, DST, lse, delta, hkv, group, nq, nk, sm_scale):
+        chunks.append((grid, tuple(Q.base.shape), tuple(DST.base.shape)))
+        q, do = Q.base.float(), DO.base.float()
+        k, v = (t.base.float().repeat_interleave(group, 1) for t in (K, V))
+        s = q @ k.transpose(-1, -2) * sm_scale
+        visible = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
+        p = torch.exp(s - lse[..., None]).masked_fill(~visible, 0.0) if chunks.causal else torch.exp(s - lse[..., None])
+        ds = p * (do @ v.transpose(-1, -2) - delta[..., None])
+        b, hq = q.shape[:2]
+        DV.base.copy_((p.transpose(-1, -2) @ do).view(b, hkv, group, nk, -1).sum(2))
+        DK.base.copy_((ds.transpose(-1, -2) @ q * sm_scale).view(b, hkv, group, nk, -1).sum(2))
+        DST.base.copy_((ds * sm_scale).transpose(-1, -2))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("limit,chunks", [(1 << 30, 1), (4 * 12000, 2), (12000, 6)],
+                         ids=["whole", "batches", "heads"])
+def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, limit, chunks):
+    # B=3, Hq=6 over Hkv=2 (GQA), Nq=37, Nk=50: 2 * 3 * 50 * 40 = 12000 bytes of dS per k/v head
+    import fa2gen.runtime.backward as bwd
+    import fa2gen.runtime.launch as launch
+    from fa2gen.runtime.problem import make_problem
+
+    monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", limit)
+    seen_causal = type("Chunks", (list,), {"causal": causal})()
+    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen_causal))
+    monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 6, 37, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(3, 2, 50, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    dout = torch.randn(3, 6, 37, 64, generator=g).to(torch.bfloat16)
+    problem = make_problem(q, k, v, causal=causal)
+    # fp32 reference, with autograd
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+    s = qf @ kf.repeat_interleave(3, 1).transpose(-1, -2) * problem.sm_scale
+    if causal:
+        s = s.masked_fill(~(torch.arange(50)[None, :] <= torch.arange(37)[:, None] + 13), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    out = torch.softmax(s, -1) @ vf.repeat_interleave(3, 1)
+    out.backward(dout.float())
+    params = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul",
+                          gluon=1)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd.BackwardLaunch(problem, params).run(q, k, v, out.detach().to(torch.bfloat16), lse.detach(), dout,
+                                            dq=dq, dk=dk, dv=dv)
+    assert len(seen_causal) == chunks
+    assert sum(grid[1] for grid, _, _ in seen_causal) == 3 * 2  # every (batch, k/v head) once
+    for grid, q_shape, ds_shape in seen_causal:
+        assert ds_shape == (q_shape[0], q_shape[1], 50, 37) and grid[0] == 1  # 50 keys: one 64-key block
+    for got, ref in ((dq, qf.grad), (dk, kf.grad), (dv, vf.grad)):
+        assert not torch.isnan(got).any()
+        torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+MATMUL = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "matmul"]
+
+
+@gluon_cases(MATMUL, [((3, 6, 2, 200, 333, 64), True, "bhnd"), ((2, 4, 4, 257, 257, 128), False, "bnhd")],
+             "the Gluon dK/dV kernel")
+@pytest.mark.parametrize("per_chunk", [1, 2], ids=["one-head", "two-heads"])
+def test_dq_mode_matmul_in_chunks_on_the_gpu(monkeypatch, params, dtype, shape, causal, layout, per_chunk):
+    # The scratch bounded to one or two k/v heads' dS: chunks of heads within a batch element
+    # (and, at two heads for Hkv=2, of whole batch elements)
+    import fa2gen.runtime.backward as bwd
+    from fa2gen.bench.correctness import check_backward
+    from fa2gen.runtime.defaults import default_params
+    from fa2gen.runtime.launch import forward
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_qkv
+
+    b, hq, hkv, nq, nk, d = shape
+    monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", per_chunk * 2 * (hq // hkv) * nk * (-(-nq // 8) * 8))
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape))
+    problem = make_problem(q, k, v, causal=causal)
+    assert len(bwd.ds_chunks(problem, bwd.DS_SCRATCH_BYTES)) == b * hkv // per_chunk
+    out, lse = forward(q, k, v, problem, default_params(problem.kernel_spec(), "sm90", problem.seqlen_q))
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd.backward(q, k, v, out, lse, dout, problem, params, dq=dq, dk=dk, dv=dv)
+    verdict = check_backward(q, k, v, problem, dout, dq, dk, dv)
+    assert verdict.ok, str(verdict)

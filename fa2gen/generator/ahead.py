@@ -129,8 +129,9 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90",
 
     if params.gluon:
         gluon_kernels = _gluon_kernels(spec, params)
-        if spec.direction == "bwd":  # delta (gluon=1: and dQ) from the Triton template
-            yield from compiled_kernels(spec, params.replace(gluon=0), arch, skip=gluon_kernels)
+        if spec.direction == "bwd":  # delta (gluon=1 without dq_mode matmul: and dQ) from the Triton template
+            skip = gluon_kernels + (("attn_bwd_dq",) if params.dq_mode == "matmul" else ())
+            yield from compiled_kernels(spec, params.replace(gluon=0, dq_mode="separate"), arch, skip=skip)
         module = load_module(spec, params)
         for name in gluon_kernels:
             yield name, _compile_gluon(module, spec, params, arch, name)

@@ -44,7 +44,8 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     path the probability tile P is staged through shared memory for the second dot.
     Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
     dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles; with
-    ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction.
+    ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction, with
+    ``dq_mode="matmul"`` two dS tiles staged for their stores.
     """
     elt = spec.element_bytes
     dp = spec.head_dim_padded
@@ -52,8 +53,10 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     if spec.direction == "bwd":
         resident = 2 * params.block_m * dp * elt
         streamed = 2 * stages * params.block_n * dp * elt
-        if params.gluon:  # the Gluon dK/dV kernel keeps P and dS in registers
-            return resident + streamed
+        if params.gluon:  # the Gluon dK/dV kernel keeps P and dS in registers (dq_mode matmul:
+            # and stages dS for its store, two tiles deep)
+            staged_ds = 2 * params.block_m * params.block_n * elt if params.dq_mode == "matmul" else 0
+            return resident + streamed + staged_ds
         staged_dq = params.block_n * dp * 4 if params.dq_mode == "tma_reduce" else 0
         return resident + streamed + 2 * params.block_m * params.block_n * elt + staged_dq
     q = params.block_m * dp * elt

@@ -35,7 +35,8 @@ def descriptor_boxes(spec, params) -> tuple[list[int], ...]:
 def backward_boxes(spec, params, kernel: str) -> dict[str, list[int]]:
     """The boxes of a backward Gluon kernel's descriptors, by argument: block_m rows of what a
     program owns (attn_bwd_dkdv: K, V, DK, DV; attn_bwd_dq: Q, DO, DQ), block_n rows of what
-    a step takes."""
+    a step takes; DST (dq_mode matmul) a step's dS^T, block_m keys by block_n queries."""
     owned = ("K", "V", "DK", "DV") if kernel == "attn_bwd_dkdv" else ("Q", "DO", "DQ")
-    return {t: [1, 1, params.block_m if t in owned else params.block_n, spec.head_dim]
-            for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}
+    boxes = {t: [1, 1, params.block_m if t in owned else params.block_n, spec.head_dim]
+             for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}
+    return {**boxes, "DST": [1, 1, params.block_m, params.block_n]}

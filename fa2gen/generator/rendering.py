@@ -74,6 +74,6 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
         mask=spec.mask,
         softcap=spec.softcap,
         loads=params.loads,
-        dq_atomic=params.dq_mode != "separate",
+        dq_atomic=params.dq_mode in ("atomic", "tma_reduce"),
         dq_mode=params.dq_mode,
     )

@@ -18,7 +18,7 @@ FP8_DTYPES = ("fp8e4m3",)  # forward only: e4m3 inputs with descaling factors, b
 MASKS = ("none", "causal", "local")
 LOADS = ("pointer", "tma_device", "tma_host")
 TMA_LOADS = ("tma_device", "tma_host")
-DQ_MODES = ("separate", "atomic", "tma_reduce")
+DQ_MODES = ("separate", "atomic", "tma_reduce", "matmul")
 HEAD_DIMS = tuple(range(16, 257, 8))
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 NUM_WARPS = (1, 2, 4, 8, 16)
@@ -115,7 +115,10 @@ class TuningParams:
         scores (no atomics, bit-identical across runs); "atomic" adds dQ from the dK/dV
         kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed);
         "tma_reduce" does the same with one bulk reduction per tile through a host
-        descriptor (sm90+, with loads="tma_host").
+        descriptor (sm90+, with loads="tma_host"); "matmul" (gluon=1) has the Gluon dK/dV
+        kernel store each step's dS tile, and dQ is then one batched matmul dS K, nothing
+        computed twice, at the cost of a scratch of 2 * Nq * Nk bytes per query head (the
+        backward runs in chunks of batches or heads that bound it).
     persistent (forward only): 0 launches one program per (query block, batch * head) tile;
         1 or 2 launch that many programs per SM, each walking tiles in turn, the heaviest
         causal tiles of every head first.
@@ -201,6 +204,8 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "dq_mode is a backward knob; the forward takes the default 'separate'"
     if spec.direction == "bwd" and params.persistent:
         return "persistent is a forward knob; the backward takes the default 0"
+    if params.dq_mode == "matmul" and (spec.direction != "bwd" or params.gluon != 1):
+        return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
     if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
         return "dq_mode tma_reduce adds through a host tensor descriptor: it needs loads=tma_host"
     # fp8 tensor-core matmuls reduce over at least 32 elements: keys in P @ V, the head in Q @ K^T
@@ -243,8 +248,9 @@ def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None
         return "the Gluon backward kernels take no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:
         return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-    if params.loads != "tma_host" or params.dq_mode != "separate":
-        return "the Gluon backward kernels read through host descriptors, dQ in its own kernel: loads=tma_host, dq_mode=separate"
+    if params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul"):
+        return ("the Gluon backward kernels read through host descriptors, dQ in its own kernel or by a matmul: "
+                "loads=tma_host, dq_mode=separate or matmul")
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
         return f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps (dK/dV: keys, queries; dQ: queries, keys)"
     if params.num_warps != params.block_m // 16:

@@ -1,5 +1,5 @@
-"""Launch the generated backward kernels: delta, then dK/dV and dQ (its own kernel, or
-atomics from the dK/dV kernel and a store)."""
+"""Launch the generated backward kernels: delta, then dK/dV and dQ (its own kernel, atomics
+from the dK/dV kernel and a store, or a matmul over the dS the Gluon dK/dV kernel stores)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from .interpreter import patch_interpreter
 from .launch import (GluonDevices, effective_params, gluon_descriptor, host_descriptor, tma_compatible,
                      window_extents)
 from .problem import Problem
+
+# dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
+# whole batch elements where they fit, else heads of one batch element.
+DS_SCRATCH_BYTES = 2 << 30
 
 
 def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *, dq=None, dk=None, dv=None,
@@ -35,16 +39,18 @@ class BackwardLaunch:
     the tensors live: built once per call shape and reused, so that a call pays for its
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
-    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "modules", "scalars", "dims",
-                 "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices", "_direct")
+    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "modules", "scalars",
+                 "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices", "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams):
         self.problem = problem
         self.spec = spec = problem.kernel_spec("bwd")
-        # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel);
-        # the rest from the Triton template on the same tiles (``params`` holds those).
+        # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel;
+        # dq_mode matmul: dQ by a matmul over its dS instead); the rest from the Triton
+        # template on the same tiles (``params`` holds those, and is the fallback's).
         self.gluon = params if params.gluon else None
-        self.params = params = params.replace(gluon=0) if params.gluon else params
+        self.ds_matmul = params.dq_mode == "matmul"
+        self.params = params = params.replace(gluon=0, dq_mode="separate") if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
         self.modules = None  # loaded on the first run: the interpreter check happens there
@@ -75,12 +81,43 @@ class BackwardLaunch:
         if self.gluon is not None:
             from ..generator.gluon import backward_boxes, descriptor_layout
 
-            kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV")}
+            kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV") + (("DST",) if self.ds_matmul else ())}
             if self.gluon.gluon == 2:
                 kernels["attn_bwd_dq"] = ("Q", "K", "V", "DO", "DQ")
             for kernel, names in kernels.items():
                 boxes = backward_boxes(spec, self.gluon, kernel)
                 self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], spec.dtype)) for n in names)
+
+    def _dkdv_ds_matmul(self, run, kernel, shape, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv,
+                        compile_only: bool) -> None:
+        """One chunk of dq_mode matmul: batches ``bs``, k/v heads ``hs``. The Gluon dK/dV kernel
+        writes dK, dV and sm_scale * dS^T into a (B, Hq, Nk, Nq) scratch, then dQ = dS K."""
+        problem = self.problem
+        g, nq, nk = problem.group, problem.seqlen_q, problem.seqlen_k
+        qs = slice(hs.start * g, hs.stop * g)  # the chunk's query heads
+        nb, nh = bs.stop - bs.start, hs.stop - hs.start
+        # Rows 16-byte aligned for the descriptor; tiles a causal mask skips are never written.
+        make = torch.zeros if problem.mask == "causal" else torch.empty
+        scratch = make((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
+        tensors = (q[bs, qs], k[bs, hs], v[bs, hs], dout[bs, qs], dk[bs, hs], dv[bs, hs], scratch)
+        # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
+        # is contiguous too, as the kernel's offsets assume.)
+        args = [gluon_descriptor(t, box, layout) for t, (box, layout) in zip(tensors, self.boxes["attn_bwd_dkdv"])]
+        grid = (-(-nk // self.gluon.block_m), nb * nh)
+        run(kernel, grid, *args, lse[bs, qs], delta[bs, qs], nh, g, nq, nk, problem.sm_scale, key=(id(kernel), grid),
+            **shape)
+        if compile_only:
+            return
+        d = problem.head_dim
+        ks = tensors[1]
+        if g > 1:  # each query head's k/v head, repeated (Nk x D per query head)
+            ks = ks[:, :, None].expand(nb, nh, g, nk, d)
+        ds, ks = scratch.transpose(-1, -2).reshape(-1, nq, nk), ks.reshape(-1, nk, d)
+        if ds.is_cuda:  # fp32 out: cuBLAS's 16-bit output may sum split products in 16 bits
+            prod = torch.bmm(ds, ks, out_dtype=torch.float32)
+        else:  # (the CPU's bmm has no 16-bit in, fp32 out; only the CPU tests' kernel seam gets here)
+            prod = torch.bmm(ds.float(), ks.float())
+        dq[bs, qs] = prod.view(nb, nh * g, nq, d)
 
     def fallback(self) -> "BackwardLaunch":
         """The launch to run where this one cannot: the Triton dK/dV kernel where the Gluon
@@ -134,11 +171,11 @@ class BackwardLaunch:
         lse = lse.contiguous()
         delta = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
 
-        def run(kernel, grid, *args, launch=self.launch, **constexprs):
+        def run(kernel, grid, *args, launch=self.launch, key=None, **constexprs):
             if compile_only:
                 kernel.warmup(*args, grid=grid, **constexprs, **launch)
-            else:
-                direct.launch(self._direct, id(kernel), kernel, grid, args, {**constexprs, **launch})
+            else:  # (a kept launcher keeps its grid: ``key`` names one per grid where it varies)
+                direct.launch(self._direct, key or id(kernel), kernel, grid, args, {**constexprs, **launch})
 
         run(module.attn_bwd_delta, grids["delta"],
             out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=self.rows, launch=self.passes,
@@ -152,6 +189,11 @@ class BackwardLaunch:
             gluon_module, boxes = modules[1], self.boxes
             shape = dict(HEAD_DIM=problem.head_dim, OUTER=self.gluon.block_m, INNER=self.gluon.block_n,
                          STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
+            if self.ds_matmul:
+                for bs, hs in ds_chunks(problem, DS_SCRATCH_BYTES):
+                    self._dkdv_ds_matmul(run, gluon_module.attn_bwd_dkdv, shape, bs, hs, q, k, v, dout, lse, delta,
+                                         dq, dk, dv, compile_only)
+                return dq, dk, dv
             run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"],
                 *[gluon_descriptor(t, box, layout)
                   for t, (box, layout) in zip((q, k, v, dout, dk, dv), boxes["attn_bwd_dkdv"])],
@@ -180,3 +222,15 @@ class BackwardLaunch:
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
             hq, problem.group, nq, nk, *self.scalars, **tiles)
         return dq, dk, dv
+
+
+def ds_chunks(problem: Problem, limit: int) -> list[tuple[slice, slice]]:
+    """dq_mode matmul's chunks, as (batches, k/v heads) slices, each holding at most ``limit``
+    bytes of dS scratch (2 bytes per query-key pair of its query heads), or one k/v head."""
+    b, hkv = problem.batch, problem.heads_kv
+    per_head = 2 * problem.group * problem.seqlen_k * (-(-problem.seqlen_q // 8) * 8)
+    heads = max(1, limit // per_head)
+    if heads >= hkv:
+        step = heads // hkv
+        return [(slice(i, min(i + step, b)), slice(0, hkv)) for i in range(0, b, step)]
+    return [(slice(i, i + 1), slice(j, min(j + heads, hkv))) for i in range(b) for j in range(0, hkv, heads)]

@@ -109,14 +109,15 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 # through host descriptors) lost in all 72 buckets of the H200 re-tune, 0.74x and 0.72x of
 # the same tiles' separate kernel (benchmarks/results/dq-modes-h200.md). They stay available
 # to `fa2gen generate` and attention(), only no longer searched there; other arches keep
-# both ways until measured. 16 warps on sm90: every one tried so far lost (0.40x its
+# both ways until measured. dq_mode matmul (sm90, the Gluon dK/dV kernel storing dS for one dQ
+# matmul, perf-notes v36) is searched. 16 warps on sm90: every one tried so far lost (0.40x its
 # bucket's winner at best), but none had 128x64 tiles and 3 stages, FlexAttention's D=128
 # Hopper tile (with 8 warps in torch 2.13's heuristics); the default's one-knob moves reach it.
 BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
-                      ("separate",) if arch == "sm90" else ("separate", "atomic"),
+                      ("separate", "matmul") if arch == "sm90" else ("separate", "atomic"),
                       gluon=(0, 1, 2) if arch == "sm90" else (0,))
     for arch in SPACES
 }
@@ -168,12 +169,15 @@ GLUON_CANDIDATES = (
 # D=128 bucket of the re-tune; 128 x 32 is the Triton dQ kernel's own favourite tile at D=128
 # (the shipped backward defaults). gluon=2 adds the Gluon dQ kernel on the same tiles: 64 x 64
 # with two stages, and 128 x 32 with three (its dQ kernel prefetches num_stages - 1 key
-# blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal).
+# blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal). dq_mode matmul on
+# 128 x 32 and 64 x 32 tiles (64 x 64 spills 40 B in its dK/dV kernel at D=128 causal).
 GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=2),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", dq_mode="matmul", gluon=1),
+    TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul", gluon=1),
 )
 
 
