@@ -75,12 +75,14 @@ def test_the_backward_hash_covers_the_gluon_template():
 _CHILD = textwrap.dedent(r"""
     import json
     from fa2gen.generator.ahead import compile_for
-    from fa2gen.generator.spec import KernelSpec
-    from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
+    from fa2gen.store.buckets import Bucket
+    from fa2gen.tuner.space import gluon_candidates, space_for
     out = []
-    for spec in (KernelSpec(direction="bwd", dtype="fp16", head_dim=64),
-                 KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")):
-        for params in GLUON_BWD_CANDIDATES:
+    for name in ("bwd/fp16/d64/none/sc0/g1/q4096/k4096/bh128", "bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64",
+                 "bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64"):
+        bucket = Bucket.parse(name)
+        spec = bucket.kernel_spec()
+        for params in gluon_candidates(space_for("sm90", "bwd"), spec, bucket):
             r = compile_for(spec, params, "sm90")
             out.append({"label": params.label(), "d": spec.head_dim,
                         "kernels": {k: [v.registers, v.spill_bytes] for k, v in r.items()}})
@@ -89,10 +91,12 @@ _CHILD = textwrap.dedent(r"""
 
 
 def test_compiles_for_sm90_without_spills():
-    """Its three kernels (delta from the Triton template, dK/dV in Gluon, dQ in Gluon with
-    gluon=2 and from the Triton template with gluon=1)."""
+    """The candidates the tuner measures, each bucket's: their three kernels (delta from the
+    Triton template, dK/dV in Gluon, dQ in Gluon with gluon=2 and from the Triton template
+    with gluon=1), or two with dq_mode matmul (not searched under a causal mask)."""
     got = compiled_child(_CHILD)
-    assert len(got) == 2 * len(GLUON_BWD_CANDIDATES)
+    matmul = sum(p.dq_mode == "matmul" for p in GLUON_BWD_CANDIDATES)
+    assert len(got) == 3 * len(GLUON_BWD_CANDIDATES) - matmul
     for k in got:
         # dq_mode matmul: dQ is a matmul outside the generated kernels
         dq = set() if "dq-matmul" in k["label"] else {"attn_bwd_dq"}
@@ -137,7 +141,11 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
     assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
-    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
+    # dq_mode matmul's only under no mask (it zeroes and multiplies the whole dS square)
+    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [p for p in GLUON_BWD_CANDIDATES
+                                                                     if p.dq_mode == "separate"]
+    full = Bucket.parse("bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
+    assert gluon_candidates(space, full.kernel_spec(), full) == list(GLUON_BWD_CANDIDATES)
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, other.kernel_spec(), other) == []
 

@@ -411,7 +411,9 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert {p.loads for p in ev.compiled} <= {"pointer", "tma_host"}  # no in-kernel descriptors in its space
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
-    assert {t.params["dq_mode"] for t in study.trials} == {"separate"}  # sm90 searches its measured winner only
+    # sm90 searches dQ in its own kernel and by a matmul over stored dS, the latter not under a mask
+    assert {t.params["dq_mode"] for t in study.trials} <= {"separate", "matmul"}
+    assert {p.dq_mode for p in ev.compiled} == {"separate"}
     first, *after = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number))
     # ... the default first, the Gluon dK/dV candidates, then the default's one-knob neighbours
     # that pass the static rules, in order
@@ -443,6 +445,20 @@ def test_backward_dq_twins_where_the_space_has_both_ways(tmp_path):
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     first, twin = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)[:2])
     assert first == bucket_default(bucket, "sm80") and twin == first.replace(dq_mode="atomic")
+
+
+def test_sm90_backward_studies_measure_the_default_tiles_with_dq_by_a_matmul():
+    # dq_mode matmul needs the Gluon dK/dV kernel: the twin of a gluon=2 default is gluon=1;
+    # under a causal mask there is none (the mode is pruned there)
+    from fa2gen.tuner.run import _dq_twins
+
+    space = space_for("sm90", "bwd")
+    default = TuningParams(64, 64, 4, 2, "tma_host", gluon=2)
+    full = Bucket("bwd", "fp16", 128, "none", False, 1, 4096, 4096, 64)
+    assert _dq_twins(full, default, space) == [default.replace(dq_mode="matmul", gluon=1)]
+    assert _dq_twins(full, TuningParams(128, 32, 4, 3, "pointer"), space) == []  # 4 warps on 128 rows: no Gluon form
+    causal = Bucket("bwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
+    assert _dq_twins(causal, default, space) == []
 
 
 def test_each_bucket_samples_its_own_random_points(tmp_path):
@@ -489,12 +505,13 @@ def test_local_moves_are_one_knob_steps():
     moves = local_moves(space, p)
     assert moves == [p.replace(block_n=16), p.replace(block_n=64), p.replace(num_stages=2), p.replace(num_stages=4),
                      p.replace(loads="tma_host"), p.replace(num_warps=4), p.replace(num_warps=16), p.replace(block_m=64),
-                     p.replace(block_m=256), p.replace(gluon=1), p.replace(gluon=2)]
+                     p.replace(block_m=256), p.replace(dq_mode="matmul"), p.replace(gluon=1), p.replace(gluon=2)]
     # ends of a range move one way only; values outside the space are not proposed
     edge = TuningParams(16, 16, 4, 1, "pointer")
     assert local_moves(space, edge) == [edge.replace(block_n=32), edge.replace(num_stages=2),
                                         edge.replace(loads="tma_host"), edge.replace(num_warps=8),
-                                        edge.replace(block_m=32), edge.replace(gluon=1), edge.replace(gluon=2)]
+                                        edge.replace(block_m=32), edge.replace(dq_mode="matmul"), edge.replace(gluon=1),
+                                        edge.replace(gluon=2)]
     sm80 = space_for("sm80", "bwd")
     p80 = TuningParams(64, 64, 4, 3, "pointer")
     assert local_moves(sm80, p80) == [p80.replace(block_n=32), p80.replace(block_n=128), p80.replace(num_stages=2),

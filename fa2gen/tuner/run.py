@@ -9,7 +9,7 @@ from typing import Callable
 
 import optuna
 
-from ..generator.spec import TuningParams, unsupported
+from ..generator.spec import TuningParams
 from ..runtime.defaults import bucket_default
 from ..store.buckets import Bucket
 from ..store.db import TunedDB
@@ -75,14 +75,17 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
 
 def _dq_twins(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list[TuningParams]:
     """For a backward bucket, the default tiles with dQ computed each other way the space
-    offers (the bulk reduction through host descriptors): every backward study then
-    measures them side by side, however few its trials."""
+    offers (the bulk reduction through host descriptors; the matmul over dS, which the Gluon
+    dK/dV kernel stores): every backward study then measures them side by side, however few
+    its trials."""
     if bucket.direction != "bwd":
         return []
     twins = []
     for mode in space.dq_mode:
-        twin = default.replace(dq_mode=mode, loads="tma_host" if mode == "tma_reduce" else default.loads)
-        if mode != default.dq_mode and space.contains(twin) and unsupported(bucket.kernel_spec(), twin) is None:
+        twin = default.replace(dq_mode=mode, loads="tma_host" if mode in ("tma_reduce", "matmul") else default.loads)
+        if mode == "matmul":
+            twin = twin.replace(gluon=1)
+        if mode != default.dq_mode and prune_reason(space, bucket.kernel_spec(), bucket, twin) is None:
             twins.append(twin)
     return twins
 

@@ -100,6 +100,10 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # ptxas for sm90: 24-228 B spilled at 168 registers (fp16 D=64 to bf16 D=128); 128 x 64 none
     if params.gluon and params.persistent and params.block_m == 128 and params.block_n == 128:
         return "a persistent Gluon program on 128 x 128 tiles spills (its tile loop holds more registers)"
+    # Under a causal mask dq_mode matmul zeroes its whole scratch and multiplies the full
+    # square: 0.47-0.67x the shipped backward on the H200 (benchmarks/results/ds-matmul/).
+    if params.dq_mode == "matmul" and spec.mask != "none":
+        return "dq_mode matmul zeroes and multiplies the whole dS square: not under a mask"
     return None
 
 
@@ -170,13 +174,15 @@ GLUON_CANDIDATES = (
 # (the shipped backward defaults). gluon=2 adds the Gluon dQ kernel on the same tiles: 64 x 64
 # with two stages, and 128 x 32 with three (its dQ kernel prefetches num_stages - 1 key
 # blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal). dq_mode matmul on
-# 128 x 32 and 64 x 32 tiles (64 x 64 spills 40 B in its dK/dV kernel at D=128 causal).
+# 64 x 64 tiles, which ran D=128 non-causal backwards 1.11-1.14x faster than the shipped ones
+# on the H200 (benchmarks/results/ds-matmul/), and on 64 x 32 with three stages; on 128 x 32
+# it lost to both (0.72-0.82x the shipped).
 GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=2),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
-    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", dq_mode="matmul", gluon=1),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", dq_mode="matmul", gluon=1),
     TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul", gluon=1),
 )
 
