@@ -174,7 +174,7 @@ GLUON_CANDIDATES = (
 # (the shipped backward defaults). gluon=2 adds the Gluon dQ kernel on the same tiles: 64 x 64
 # with two stages, and 128 x 32 with three (its dQ kernel prefetches num_stages - 1 key
 # blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal). dq_mode matmul on
-# 64 x 64 tiles, which ran D=128 non-causal backwards 1.11-1.14x faster than the shipped ones
+# 64 x 64 tiles, which ran D=128 non-causal backwards 1.06-1.14x faster than the shipped ones
 # on the H200 (benchmarks/results/ds-matmul/), and on 64 x 32 with three stages; on 128 x 32
 # it lost to both (0.72-0.82x the shipped).
 GLUON_BWD_CANDIDATES = (
