@@ -388,6 +388,25 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
         torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
 
 
+def test_dq_mode_matmul_runs_as_separate_without_fp32_batched_matmuls(monkeypatch):
+    # torch before 2.8 has no fp16/bf16 bmm with fp32 out: the launch keeps the dQ kernel
+    import fa2gen.runtime.backward as bwd
+    import fa2gen.runtime.launch as launch
+    from fa2gen.runtime.problem import make_problem
+
+    assert bwd.fp32_bmm()  # this torch has it
+    launches, loaded = [], []
+    monkeypatch.setattr(bwd, "fp32_bmm", lambda: False)
+    monkeypatch.setattr(bwd, "load_module", lambda spec, params: loaded.append(params) or _Kernels(launches))
+    monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v, out, dout = (torch.randn(2, 3, 96, 128, dtype=torch.bfloat16) for _ in range(5))
+    problem = make_problem(q, k, v)
+    bwd.BackwardLaunch(problem, G64.replace(dq_mode="matmul")).run(q, k, v, out, torch.randn(2, 3, 96), dout)
+    assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
+    assert [p.dq_mode for p in loaded] == ["separate", "separate"]  # the Gluon module without the dS store
+
+
 MATMUL = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "matmul"]
 
 

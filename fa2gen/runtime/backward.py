@@ -18,6 +18,12 @@ from .problem import Problem
 DS_SCRATCH_BYTES = 2 << 30
 
 
+def fp32_bmm() -> bool:
+    """Whether this torch has 16-bit batched matmuls with fp32 out (aten::bmm.dtype, torch 2.8),
+    which dq_mode matmul needs; without it the mode runs as dq_mode separate."""
+    return "dtype" in torch.ops.aten.bmm.overloads()
+
+
 def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *, dq=None, dk=None, dv=None,
              compile_only: bool = False):
     """Gradients (dq, dk, dv) of ``problem``'s attention for the output gradient ``dout``.
@@ -48,6 +54,8 @@ class BackwardLaunch:
         # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel;
         # dq_mode matmul: dQ by a matmul over its dS instead); the rest from the Triton
         # template on the same tiles (``params`` holds those, and is the fallback's).
+        if params.dq_mode == "matmul" and not fp32_bmm():
+            params = params.replace(dq_mode="separate")
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
         self.params = params = params.replace(gluon=0, dq_mode="separate") if params.gluon else params
