@@ -312,8 +312,10 @@ def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
 class _MathKernels:
     """Test seam standing in for a compiled backward module on CPU (no GPU to run the Gluon
     kernels here): its delta and dK/dV "kernels" compute what the real ones compute, in fp32
-    torch on the tensors under their descriptors, so that the host side of dq_mode matmul
-    (chunks, slices, scratch, the dQ matmul) is checked against a reference for real."""
+    torch on the tensors under their descriptors, and the dK/dV one writes dS^T only where the
+    real one does (under a causal mask, not the query blocks before a key block's first), so
+    that the host side of dq_mode matmul (chunks, slices, scratch, the dQ matmul) is checked
+    against a reference for real."""
 
     LAUNCH = dict(num_warps=4)
 
@@ -325,67 +327,93 @@ class _MathKernels:
 
         class _Kernel:
             def __getitem__(self, grid):
-                return lambda *args, **kw: getattr(_MathKernels, "_" + name)(chunks, grid, *args)
+                return lambda *args, **kw: getattr(_MathKernels, "_" + name)(chunks, grid, *args, **kw)
         return _Kernel()
 
     @staticmethod
-    def _attn_bwd_delta(chunks, grid, out, dout, delta, *rest):
+    def _attn_bwd_delta(chunks, grid, out, dout, delta, *rest, **constexprs):
         delta.copy_((out.float() * dout.float()).sum(-1))
 
     @staticmethod
-    def _attn_bwd_dkdv(chunks, grid, Q, K, V, DO, DK, DV, DST, lse, delta, hkv, group, nq, nk, sm_scale):
+    def _attn_bwd_dkdv(chunks, grid, Q, K, V, DO, DK, DV, DST, lse, delta, hkv, group, nq, nk, sm_scale, OUTER,
+                       INNER, **constexprs):
         chunks.append((grid, tuple(Q.base.shape), tuple(DST.base.shape)))
         q, do = Q.base.float(), DO.base.float()
         k, v = (t.base.float().repeat_interleave(group, 1) for t in (K, V))
         s = q @ k.transpose(-1, -2) * sm_scale
-        visible = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
-        p = torch.exp(s - lse[..., None]).masked_fill(~visible, 0.0) if chunks.causal else torch.exp(s - lse[..., None])
+        shift = nk - nq
+        p = torch.exp(s - lse[..., None])
+        if chunks.causal:
+            p = p.masked_fill(~(torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + shift), 0.0)
         ds = p * (do @ v.transpose(-1, -2) - delta[..., None])
         b, hq = q.shape[:2]
         DV.base.copy_((p.transpose(-1, -2) @ do).view(b, hkv, group, nk, -1).sum(2))
         DK.base.copy_((ds.transpose(-1, -2) @ q * sm_scale).view(b, hkv, group, nk, -1).sum(2))
-        DST.base.copy_((ds * sm_scale).transpose(-1, -2))
+        dst = (ds * sm_scale).transpose(-1, -2)
+        for k0 in range(0, nk, OUTER):  # the kernel's causal loop starts at query block `first`
+            first = max(k0 - shift, 0) // INNER * INNER if chunks.causal else 0
+            DST.base[:, :, k0:k0 + OUTER, first:] = dst[:, :, k0:k0 + OUTER, first:]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("limit,chunks", [(1 << 30, 1), (4 * 12000, 2), (12000, 6)],
-                         ids=["whole", "batches", "heads"])
-def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, limit, chunks):
-    # B=3, Hq=6 over Hkv=2 (GQA), Nq=37, Nk=50: 2 * 3 * 50 * 40 = 12000 bytes of dS per k/v head
+@pytest.mark.parametrize("nq,nk", [(37, 50), (100, 100)])
+@pytest.mark.parametrize("heads,chunks", [(None, 1), (4, 2), (1, 6)], ids=["whole", "batches", "heads"])
+def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, nq, nk, heads, chunks):
+    # B=3, Hq=6 over Hkv=2 (GQA); the scratch bounded to ``heads`` k/v heads' dS. At Nq = Nk =
+    # 100 the second 64-key block's causal loop skips query blocks 0 and 1: the matmul reads
+    # those tiles, which must be zeros, not what torch.empty gives (NaN here).
     import fa2gen.runtime.backward as bwd
     import fa2gen.runtime.launch as launch
     from fa2gen.runtime.problem import make_problem
 
-    monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", limit)
-    seen_causal = type("Chunks", (list,), {"causal": causal})()
-    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen_causal))
+    seen = type("Chunks", (list,), {"causal": causal})()
+    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen))
     monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     g = torch.Generator().manual_seed(7)
-    q = torch.randn(3, 6, 37, 64, generator=g).to(torch.bfloat16)
-    k, v = (torch.randn(3, 2, 50, 64, generator=g).to(torch.bfloat16) for _ in range(2))
-    dout = torch.randn(3, 6, 37, 64, generator=g).to(torch.bfloat16)
+    q = torch.randn(3, 6, nq, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(3, 2, nk, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    dout = torch.randn(3, 6, nq, 64, generator=g).to(torch.bfloat16)
     problem = make_problem(q, k, v, causal=causal)
+    monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", 1 << 30 if heads is None else heads * bwd.ds_head_bytes(problem))
     # fp32 reference, with autograd
     qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
     s = qf @ kf.repeat_interleave(3, 1).transpose(-1, -2) * problem.sm_scale
     if causal:
-        s = s.masked_fill(~(torch.arange(50)[None, :] <= torch.arange(37)[:, None] + 13), float("-inf"))
+        s = s.masked_fill(~(torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + nk - nq), float("-inf"))
     lse = torch.logsumexp(s, -1)
     out = torch.softmax(s, -1) @ vf.repeat_interleave(3, 1)
     out.backward(dout.float())
     params = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul",
                           gluon=1)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
     bwd.BackwardLaunch(problem, params).run(q, k, v, out.detach().to(torch.bfloat16), lse.detach(), dout,
                                             dq=dq, dk=dk, dv=dv)
-    assert len(seen_causal) == chunks
-    assert sum(grid[1] for grid, _, _ in seen_causal) == 3 * 2  # every (batch, k/v head) once
-    for grid, q_shape, ds_shape in seen_causal:
-        assert ds_shape == (q_shape[0], q_shape[1], 50, 37) and grid[0] == 1  # 50 keys: one 64-key block
+    assert len(seen) == chunks
+    assert sum(grid[1] for grid, _, _ in seen) == 3 * 2  # every (batch, k/v head) once
+    for grid, q_shape, ds_shape in seen:
+        assert ds_shape == (q_shape[0], q_shape[1], nk, nq) and grid[0] == -(-nk // 64)
     for got, ref in ((dq, qf.grad), (dk, kf.grad), (dv, vf.grad)):
         assert not torch.isnan(got).any()
         torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):
+    # A chunk holds at least one k/v head's dS: where that alone passes the bound (long
+    # sequences), the launch keeps the dQ kernel instead of allocating past it
+    import fa2gen.runtime.backward as bwd
+    from fa2gen.runtime.problem import make_problem
+
+    q, k, v = (torch.randn(1, 4, 96, 64, dtype=torch.bfloat16) for _ in range(3))
+    problem = make_problem(q, k, v)
+    matmul = G64.replace(dq_mode="matmul")
+    monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", bwd.ds_head_bytes(problem))
+    assert bwd.BackwardLaunch(problem, matmul).ds_matmul
+    monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", bwd.ds_head_bytes(problem) - 1)
+    kept = bwd.BackwardLaunch(problem, matmul)
+    assert not kept.ds_matmul and kept.gluon.dq_mode == "separate"
 
 
 def test_dq_mode_matmul_runs_as_separate_without_fp32_batched_matmuls(monkeypatch):

@@ -20,7 +20,7 @@ from fa2gen.tuner.evaluate import CostModelEvaluator, representative_problem
 from fa2gen.tuner.grid import GridError, buckets_from_grid, default_buckets
 from fa2gen.tuner.run import TuneOptions, open_storage, tune
 from fa2gen.runtime.defaults import bucket_default
-from fa2gen.tuner.space import SPACES, local_moves, prune_reason, space_for
+from fa2gen.tuner.space import GLUON_BWD_CANDIDATES, SPACES, local_moves, prune_reason, space_for
 
 HERE = Path(__file__).parent
 OPTIMUM = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_device")
@@ -412,7 +412,6 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
     # sm90 searches dQ in its own kernel and by a matmul over stored dS, the latter not under a mask
-    assert {t.params["dq_mode"] for t in study.trials} <= {"separate", "matmul"}
     assert {p.dq_mode for p in ev.compiled} == {"separate"}
     first, *after = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number))
     # ... the default first, the Gluon dK/dV candidates, then the default's one-knob neighbours
@@ -447,18 +446,21 @@ def test_backward_dq_twins_where_the_space_has_both_ways(tmp_path):
     assert first == bucket_default(bucket, "sm80") and twin == first.replace(dq_mode="atomic")
 
 
-def test_sm90_backward_studies_measure_the_default_tiles_with_dq_by_a_matmul():
-    # dq_mode matmul needs the Gluon dK/dV kernel: the twin of a gluon=2 default is gluon=1;
-    # under a causal mask there is none (the mode is pruned there)
+def test_sm90_backward_studies_measure_dq_by_a_matmul_on_its_own_tiles(tmp_path):
+    # dq_mode matmul runs on the Gluon dK/dV kernel's tiles, not as a twin of the Triton default
+    # (whose 128 x 32 tiles it loses on): a non-causal study compiles its candidates, a causal
+    # one never tries it
     from fa2gen.tuner.run import _dq_twins
 
     space = space_for("sm90", "bwd")
-    default = TuningParams(64, 64, 4, 2, "tma_host", gluon=2)
     full = Bucket("bwd", "fp16", 128, "none", False, 1, 4096, 4096, 64)
-    assert _dq_twins(full, default, space) == [default.replace(dq_mode="matmul", gluon=1)]
-    assert _dq_twins(full, TuningParams(128, 32, 4, 3, "pointer"), space) == []  # 4 warps on 128 rows: no Gluon form
+    assert _dq_twins(full, bucket_default(full, "sm90"), space) == []
+    _, _, ev, _ = _tune(tmp_path, [full], trials=8)
+    matmul = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "matmul"]
+    assert matmul and all(p in ev.compiled for p in matmul)
     causal = Bucket("bwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
-    assert _dq_twins(causal, default, space) == []
+    _, _, ev, _ = _tune(tmp_path / "causal", [causal], trials=8)
+    assert ev.compiled and all(p.dq_mode == "separate" for p in ev.compiled)
 
 
 def test_each_bucket_samples_its_own_random_points(tmp_path):

@@ -54,7 +54,9 @@ class BackwardLaunch:
         # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel;
         # dq_mode matmul: dQ by a matmul over its dS instead); the rest from the Triton
         # template on the same tiles (``params`` holds those, and is the fallback's).
-        if params.dq_mode == "matmul" and not fp32_bmm():
+        # dq_mode matmul needs fp32-out matmuls, and a k/v head's dS within the scratch bound
+        # (a chunk holds at least one): else it runs as dq_mode separate
+        if params.dq_mode == "matmul" and (not fp32_bmm() or ds_head_bytes(problem) > DS_SCRATCH_BYTES):
             params = params.replace(dq_mode="separate")
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
@@ -104,8 +106,9 @@ class BackwardLaunch:
         g, nq, nk = problem.group, problem.seqlen_q, problem.seqlen_k
         qs = slice(hs.start * g, hs.stop * g)  # the chunk's query heads
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
-        # Rows 16-byte aligned for the descriptor; tiles a causal mask skips are never written.
-        make = torch.zeros if problem.mask == "causal" else torch.empty
+        # Rows 16-byte aligned for the descriptor; tiles a causal mask skips are never written
+        # (compiling only: nothing is read, and nothing is launched).
+        make = torch.zeros if problem.mask == "causal" and not compile_only else torch.empty
         scratch = make((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
         tensors = (q[bs, qs], k[bs, hs], v[bs, hs], dout[bs, qs], dk[bs, hs], dv[bs, hs], scratch)
         # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
@@ -139,8 +142,9 @@ class BackwardLaunch:
         return self._fallback
 
     def _runs_here(self, q, k, v, dout, dq, dk, dv) -> bool:
-        if self.gluon is not None:
-            return self._gluon_devices(q.device) and tma_compatible(q, k, v, dout, dq, dk, dv)
+        if self.gluon is not None:  # (dq_mode matmul: torch writes dQ)
+            read = (q, k, v, dout, dk, dv) if self.ds_matmul else (q, k, v, dout, dq, dk, dv)
+            return self._gluon_devices(q.device) and tma_compatible(*read)
         return self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, dout, dq, dk, dv)
 
     def _load(self):
@@ -198,7 +202,8 @@ class BackwardLaunch:
             shape = dict(HEAD_DIM=problem.head_dim, OUTER=self.gluon.block_m, INNER=self.gluon.block_n,
                          STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
             if self.ds_matmul:
-                for bs, hs in ds_chunks(problem, DS_SCRATCH_BYTES):
+                # (compiling only: the first chunk's launch is the call's specialisation)
+                for bs, hs in ds_chunks(problem, DS_SCRATCH_BYTES)[:1 if compile_only else None]:
                     self._dkdv_ds_matmul(run, gluon_module.attn_bwd_dkdv, shape, bs, hs, q, k, v, dout, lse, delta,
                                          dq, dk, dv, compile_only)
                 return dq, dk, dv
@@ -232,12 +237,17 @@ class BackwardLaunch:
         return dq, dk, dv
 
 
+def ds_head_bytes(problem: Problem) -> int:
+    """dq_mode matmul's dS scratch for one k/v head: 2 bytes per query-key pair of its query
+    heads, rows padded to 8 queries."""
+    return 2 * problem.group * problem.seqlen_k * (-(-problem.seqlen_q // 8) * 8)
+
+
 def ds_chunks(problem: Problem, limit: int) -> list[tuple[slice, slice]]:
     """dq_mode matmul's chunks, as (batches, k/v heads) slices, each holding at most ``limit``
-    bytes of dS scratch (2 bytes per query-key pair of its query heads), or one k/v head."""
+    bytes of dS scratch, or one k/v head."""
     b, hkv = problem.batch, problem.heads_kv
-    per_head = 2 * problem.group * problem.seqlen_k * (-(-problem.seqlen_q // 8) * 8)
-    heads = max(1, limit // per_head)
+    heads = max(1, limit // ds_head_bytes(problem))
     if heads >= hkv:
         step = heads // hkv
         return [(slice(i, min(i + step, b)), slice(0, hkv)) for i in range(0, b, step)]

@@ -75,16 +75,16 @@ def open_storage(url: str, attempts: int = 5) -> optuna.storages.BaseStorage:
 
 def _dq_twins(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list[TuningParams]:
     """For a backward bucket, the default tiles with dQ computed each other way the space
-    offers (the bulk reduction through host descriptors; the matmul over dS, which the Gluon
-    dK/dV kernel stores): every backward study then measures them side by side, however few
-    its trials."""
+    offers (the bulk reduction through host descriptors): every backward study then measures
+    them side by side, however few its trials. (The matmul over stored dS runs on the Gluon
+    dK/dV kernel's tiles, not the Triton default's: its candidates are GLUON_BWD_CANDIDATES.)"""
     if bucket.direction != "bwd":
         return []
     twins = []
     for mode in space.dq_mode:
-        twin = default.replace(dq_mode=mode, loads="tma_host" if mode in ("tma_reduce", "matmul") else default.loads)
         if mode == "matmul":
-            twin = twin.replace(gluon=1)
+            continue
+        twin = default.replace(dq_mode=mode, loads="tma_host" if mode == "tma_reduce" else default.loads)
         if mode != default.dq_mode and prune_reason(space, bucket.kernel_spec(), bucket, twin) is None:
             twins.append(twin)
     return twins
