@@ -156,3 +156,21 @@ def test_gluon_entries_serve_hopper_only(env):
     clear_memo()
     c = explain(problem(), blackwell)
     assert c.source == "default" and c.params.gluon == 0
+
+
+def test_every_shipped_config_was_tuned_on_the_current_templates():
+    # A template change invalidates the entries tuned on the old one (their hash no longer
+    # matches, so dispatch skips them): it lands together with their re-tune, never before.
+    from pathlib import Path
+
+    from fa2gen.generator.rendering import template_hash
+    from fa2gen.store.yamlfile import read
+
+    files = sorted((Path(__file__).resolve().parents[1] / "tuned_configs").glob("*/*.yaml"))
+    assert files
+    for path in files:
+        config = read(path)
+        directions = {e.bucket.direction for e in config.entries}
+        assert directions, path
+        for direction in directions:
+            assert config.meta["template_hash"][direction] == template_hash(direction), (path.name, direction)
