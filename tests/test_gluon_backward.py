@@ -226,12 +226,15 @@ class _Kernels:
     def __init__(self, launches):
         self._launches = launches
 
+    def launched(self, name, grid, args, kw):
+        self._launches.append((name, args))
+
     def __getattr__(self, name):
-        launches = self._launches
+        seam = self
 
         class _Kernel:
             def __getitem__(self, grid):
-                return lambda *args, **kw: launches.append((name, args))
+                return lambda *args, **kw: seam.launched(name, grid, args, kw)
         return _Kernel()
 
 
@@ -309,7 +312,7 @@ def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
         host_descriptor(t, 48, 128)
 
 
-class _MathKernels:
+class _MathKernels(_Kernels):
     """Test seam standing in for a compiled backward module on CPU (no GPU to run the Gluon
     kernels here): its delta and dK/dV "kernels" compute what the real ones compute, in fp32
     torch on the tensors under their descriptors, and the dK/dV one writes dS^T only where the
@@ -317,18 +320,11 @@ class _MathKernels:
     that the host side of dq_mode matmul (chunks, slices, scratch, the dQ matmul) is checked
     against a reference for real."""
 
-    LAUNCH = dict(num_warps=4)
-
     def __init__(self, chunks):
         self.chunks = chunks
 
-    def __getattr__(self, name):
-        chunks = self.chunks
-
-        class _Kernel:
-            def __getitem__(self, grid):
-                return lambda *args, **kw: getattr(_MathKernels, "_" + name)(chunks, grid, *args, **kw)
-        return _Kernel()
+    def launched(self, name, grid, args, kw):
+        getattr(self, "_" + name)(self.chunks, grid, *args, **kw)
 
     @staticmethod
     def _attn_bwd_delta(chunks, grid, out, dout, delta, *rest, **constexprs):

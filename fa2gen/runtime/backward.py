@@ -45,8 +45,9 @@ class BackwardLaunch:
     the tensors live: built once per call shape and reused, so that a call pays for its
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
-    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "modules", "scalars",
-                 "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices", "_direct")
+    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "ds_chunks", "modules",
+                 "scalars", "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices",
+                 "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams):
         self.problem = problem
@@ -60,6 +61,7 @@ class BackwardLaunch:
             params = params.replace(dq_mode="separate")
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
+        self.ds_chunks = ds_chunks(problem, DS_SCRATCH_BYTES) if self.ds_matmul else []
         self.params = params = params.replace(gluon=0, dq_mode="separate") if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
@@ -203,7 +205,7 @@ class BackwardLaunch:
                          STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
             if self.ds_matmul:
                 # (compiling only: the first chunk's launch is the call's specialisation)
-                for bs, hs in ds_chunks(problem, DS_SCRATCH_BYTES)[:1 if compile_only else None]:
+                for bs, hs in self.ds_chunks[:1 if compile_only else None]:
                     self._dkdv_ds_matmul(run, gluon_module.attn_bwd_dkdv, shape, bs, hs, q, k, v, dout, lse, delta,
                                          dq, dk, dv, compile_only)
                 return dq, dk, dv

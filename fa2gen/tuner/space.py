@@ -101,7 +101,7 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     if params.gluon and params.persistent and params.block_m == 128 and params.block_n == 128:
         return "a persistent Gluon program on 128 x 128 tiles spills (its tile loop holds more registers)"
     # Under a causal mask dq_mode matmul zeroes its whole scratch and multiplies the full
-    # square: 0.47-0.67x the shipped backward on the H200 (benchmarks/results/ds-matmul/).
+    # square: 0.54-0.76x the shipped backward on the H200 (benchmarks/results/ds-matmul/).
     if params.dq_mode == "matmul" and spec.mask != "none":
         return "dq_mode matmul zeroes and multiplies the whole dS square: not under a mask"
     return None
@@ -176,7 +176,7 @@ GLUON_CANDIDATES = (
 # blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal). dq_mode matmul on
 # 64 x 64 tiles, which ran D=128 non-causal backwards 1.06-1.14x faster than the shipped ones
 # on the H200 (benchmarks/results/ds-matmul/), and on 64 x 32 with three stages; on 128 x 32
-# it lost to both (0.72-0.82x the shipped).
+# it lost to both (0.80-0.87x the shipped).
 GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
