@@ -352,15 +352,20 @@ class _MathKernels(_Kernels):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("nq,nk", [(37, 50), (100, 100)])
+@pytest.mark.parametrize("nq,nk", [(37, 50), (100, 100), (150, 90)])
 @pytest.mark.parametrize("heads,chunks", [(None, 1), (4, 2), (1, 6)], ids=["whole", "batches", "heads"])
-def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, nq, nk, heads, chunks):
+@pytest.mark.parametrize("band_rows", [256, 32], ids=["one-band", "bands"])
+def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, nq, nk, heads, chunks, band_rows):
     # B=3, Hq=6 over Hkv=2 (GQA); the scratch bounded to ``heads`` k/v heads' dS. At Nq = Nk =
     # 100 the second 64-key block's causal loop skips query blocks 0 and 1: the matmul reads
-    # those tiles, which must be zeros, not what torch.empty gives (NaN here).
+    # those tiles, which must be zeros, not what torch.empty gives (NaN here). With bands of
+    # 32 queries (up to 8 of them), each band reads some of those tiles and zeroes them itself;
+    # at Nq = 150 > Nk = 90 the first band's queries see no key at all.
     import fa2gen.runtime.backward as bwd
     import fa2gen.runtime.launch as launch
     from fa2gen.runtime.problem import make_problem
+
+    monkeypatch.setattr(bwd, "CAUSAL_BAND_ROWS", band_rows)
 
     seen = type("Chunks", (list,), {"causal": causal})()
     monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen))
@@ -378,7 +383,8 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
     if causal:
         s = s.masked_fill(~(torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + nk - nq), float("-inf"))
     lse = torch.logsumexp(s, -1)
-    out = torch.softmax(s, -1) @ vf.repeat_interleave(3, 1)
+    # (queries that see no key: softmax's NaN rows read as the kernels' zero output)
+    out = torch.softmax(s, -1).nan_to_num(0.0) @ vf.repeat_interleave(3, 1)
     out.backward(dout.float())
     params = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul",
                           gluon=1)
@@ -394,6 +400,38 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
     for got, ref in ((dq, qf.grad), (dk, kf.grad), (dv, vf.grad)):
         assert not torch.isnan(got).any()
         torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("nq,nk", [(4096, 4096), (1000, 1000), (777, 300), (300, 777), (100, 100)])
+@pytest.mark.parametrize("outer,inner", [(64, 64), (64, 32), (128, 32)])
+def test_causal_bands_read_only_written_or_zeroed_tiles(nq, nk, outer, inner):
+    # Per band: every (key, query) it reads is written by the dK/dV kernel (whose key block at k0
+    # starts at query block max(k0 - shift, 0) // inner) or zeroed by the band; every key its
+    # queries see is read; the bands tile the queries; and the zeroing stays near the diagonal.
+    import fa2gen.runtime.backward as bwd
+    from fa2gen.runtime.problem import make_problem
+
+    q, k = torch.empty(1, 1, nq, 64, dtype=torch.bfloat16), torch.empty(1, 1, nk, 64, dtype=torch.bfloat16)
+    problem = make_problem(q, k, k, causal=True)
+    bands = bwd.ds_bands(problem, outer, inner)
+    shift = nk - nq
+    assert [b[0] for b in bands] == [0] + [b[1] for b in bands[:-1]] and bands[-1][1] == nq
+    assert len(bands) == max(1, min(bwd.CAUSAL_BANDS, nq // bwd.CAUSAL_BAND_ROWS))
+    key_block = torch.arange(nk) // outer * outer
+    first = (key_block - shift).clamp(min=0) // inner * inner  # per key: its block's first written query
+    zeroed = 0
+    for q0, q1, zero, keys in bands:
+        assert q0 % inner == 0
+        assert keys == min(nk, q1 + shift)  # the keys its last query sees
+        if keys <= 0:  # (the band's dQ is zero: nothing read)
+            continue
+        cols = torch.arange(q0, q1)
+        written = cols[None, :] >= first[:keys, None]
+        zeroed_here = (torch.arange(keys) >= zero)[:, None].expand_as(written)
+        assert (written | zeroed_here).all()
+        zeroed += max(0, keys - zero) * (q1 - q0)
+    if len(bands) == 8:
+        assert zeroed <= nq * nk / 8 + nq * outer
 
 
 def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):
@@ -434,12 +472,13 @@ def test_dq_mode_matmul_runs_as_separate_without_fp32_batched_matmuls(monkeypatc
 MATMUL = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "matmul"]
 
 
-@gluon_cases(MATMUL, [((3, 6, 2, 200, 333, 64), True, "bhnd"), ((2, 4, 4, 257, 257, 128), False, "bnhd")],
-             "the Gluon dK/dV kernel")
+@gluon_cases(MATMUL, [((3, 6, 2, 200, 333, 64), True, "bhnd"), ((2, 4, 4, 257, 257, 128), False, "bnhd"),
+                     ((2, 4, 2, 700, 600, 128), True, "bhnd")], "the Gluon dK/dV kernel")
 @pytest.mark.parametrize("per_chunk", [1, 2], ids=["one-head", "two-heads"])
 def test_dq_mode_matmul_in_chunks_on_the_gpu(monkeypatch, params, dtype, shape, causal, layout, per_chunk):
     # The scratch bounded to one or two k/v heads' dS: chunks of heads within a batch element
-    # (and, at two heads for Hkv=2, of whole batch elements)
+    # (and, at two heads for Hkv=2, of whole batch elements); causal at Nq = 700, dQ's matmul
+    # in two bands of queries
     import fa2gen.runtime.backward as bwd
     from fa2gen.bench.correctness import check_backward
     from fa2gen.runtime.defaults import default_params

@@ -16,6 +16,11 @@ from .problem import Problem
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
 # whole batch elements where they fit, else heads of one batch element.
 DS_SCRATCH_BYTES = 2 << 30
+# dq_mode "matmul" under a causal mask: dQ's matmul runs in up to CAUSAL_BANDS bands of queries,
+# each over only the keys its last query sees, and no band shorter than CAUSAL_BAND_ROWS queries
+# (each band is two more launches: short sequences stay one band).
+CAUSAL_BANDS = 8
+CAUSAL_BAND_ROWS = 256
 
 
 def fp32_bmm() -> bool:
@@ -45,8 +50,8 @@ class BackwardLaunch:
     the tensors live: built once per call shape and reused, so that a call pays for its
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
-    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "ds_chunks", "modules",
-                 "scalars", "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices",
+    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "ds_chunks", "ds_bands",
+                 "modules", "scalars", "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices",
                  "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams):
@@ -62,6 +67,7 @@ class BackwardLaunch:
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
         self.ds_chunks = ds_chunks(problem, DS_SCRATCH_BYTES) if self.ds_matmul else []
+        self.ds_bands = ds_bands(problem, params.block_m, params.block_n) if self.ds_matmul else []
         self.params = params = params.replace(gluon=0, dq_mode="separate") if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
@@ -108,10 +114,15 @@ class BackwardLaunch:
         g, nq, nk = problem.group, problem.seqlen_q, problem.seqlen_k
         qs = slice(hs.start * g, hs.stop * g)  # the chunk's query heads
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
-        # Rows 16-byte aligned for the descriptor; tiles a causal mask skips are never written
-        # (compiling only: nothing is read, and nothing is launched).
-        make = torch.zeros if problem.mask == "causal" and not compile_only else torch.empty
-        scratch = make((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
+        # Rows 16-byte aligned for the descriptor. Under a causal mask the kernel skips the tiles
+        # before each key block's first query block; of those, the ones a band's matmul reads are
+        # zeroed first (compiling only: nothing is read, and nothing is launched).
+        scratch = torch.empty((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
+        bands = self.ds_bands
+        if not compile_only:
+            for q0, q1, k0, k1 in bands:
+                if k1 > k0:
+                    scratch[..., k0:k1, q0:q1].zero_()
         tensors = (q[bs, qs], k[bs, hs], v[bs, hs], dout[bs, qs], dk[bs, hs], dv[bs, hs], scratch)
         # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
         # is contiguous too, as the kernel's offsets assume.)
@@ -126,11 +137,14 @@ class BackwardLaunch:
         if g > 1:  # each query head's k/v head, repeated (Nk x D per query head)
             ks = ks[:, :, None].expand(nb, nh, g, nk, d)
         ds, ks = scratch.transpose(-1, -2).reshape(-1, nq, nk), ks.reshape(-1, nk, d)
-        if ds.is_cuda:  # fp32 out: cuBLAS's 16-bit output may sum split products in 16 bits
-            prod = torch.bmm(ds, ks, out_dtype=torch.float32)
-        else:  # (the CPU's bmm has no 16-bit in, fp32 out; only the CPU tests' kernel seam gets here)
-            prod = torch.bmm(ds.float(), ks.float())
-        dq[bs, qs] = prod.view(nb, nh * g, nq, d)
+        for q0, q1, _, keys in bands:
+            rows = dq[bs, qs, q0:q1]
+            if keys <= 0:  # no query of the band sees a key (Nq > Nk): its gradient is zero
+                rows.zero_()
+            elif ds.is_cuda:  # fp32 out: cuBLAS's 16-bit output may sum split products in 16 bits
+                rows.copy_(torch.bmm(ds[:, q0:q1, :keys], ks[:, :keys], out_dtype=torch.float32).view(rows.shape))
+            else:  # (the CPU's bmm has no 16-bit in, fp32 out; only the CPU tests' kernel seam gets here)
+                rows.copy_(torch.bmm(ds[:, q0:q1, :keys].float(), ks[:, :keys].float()).view(rows.shape))
 
     def fallback(self) -> "BackwardLaunch":
         """The launch to run where this one cannot: the Triton dK/dV kernel where the Gluon
@@ -254,3 +268,29 @@ def ds_chunks(problem: Problem, limit: int) -> list[tuple[slice, slice]]:
         step = heads // hkv
         return [(slice(i, min(i + step, b)), slice(0, hkv)) for i in range(0, b, step)]
     return [(slice(i, i + 1), slice(j, min(j + heads, hkv))) for i in range(b) for j in range(0, hkv, heads)]
+
+
+def ds_bands(problem: Problem, outer: int, inner: int) -> list[tuple[int, int, int, int]]:
+    """dq_mode matmul's bands of queries, as (q0, q1, z, keys): dQ[q0:q1] = dS[q0:q1, :keys] K[:keys],
+    after the scratch's keys z:keys of those queries are zeroed (none where z >= keys).
+
+    With no mask, one band over every key, and nothing to zero. Under a causal mask (query i sees
+    keys j <= i + Nk - Nq), bands of whole query blocks of the dK/dV kernel (``inner`` rows),
+    each over the keys its last query sees. The kernel's key block at k0 (``outer`` keys) skips
+    the query blocks before max(k0 - shift, 0) // inner, so a band starting at q0 reads skipped
+    tiles only in the key blocks from q0 + inner + shift on: those are zeroed (a band's height
+    and a block's more, instead of the whole square).
+    """
+    nq, nk = problem.seqlen_q, problem.seqlen_k
+    if problem.mask != "causal":
+        return [(0, nq, nk, nk)]
+    shift = nk - nq
+    count = max(1, min(CAUSAL_BANDS, nq // CAUSAL_BAND_ROWS))
+    height = -(-nq // count // inner) * inner
+    bands = []
+    for q0 in range(0, nq, height):
+        q1 = min(q0 + height, nq)
+        keys = min(nk, q1 + shift)
+        zero = max(0, -(-(q0 + inner + shift) // outer) * outer)
+        bands.append((q0, q1, zero, keys))
+    return bands
