@@ -141,7 +141,7 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
     assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
-    # dq_mode matmul's only under no mask (it zeroes and multiplies the whole dS square)
+    # dq_mode matmul's only under no mask (under one it measured slower than the other backwards)
     assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [p for p in GLUON_BWD_CANDIDATES
                                                                      if p.dq_mode == "separate"]
     full = Bucket.parse("bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
