@@ -101,8 +101,8 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     if params.gluon and params.persistent and params.block_m == 128 and params.block_n == 128:
         return "a persistent Gluon program on 128 x 128 tiles spills (its tile loop holds more registers)"
     # Under a causal mask dq_mode matmul runs by bands of queries (perf-notes v38) and still
-    # measured 0.94-0.95x the shipped causal backward at D=128 on the H200, 0.77-0.78x at D=64
-    # (benchmarks/results/ds-matmul/); its 64 x 64 dK/dV kernel spills there too.
+    # measured 0.76-0.98x the shipped causal backward at D=128 on the H200, 0.77x at D=64
+    # (benchmarks/results/ds-matmul/causal-bands-*); its 64 x 64 dK/dV kernel spills there too.
     if params.dq_mode == "matmul" and spec.mask != "none":
         return "dq_mode matmul measured slower than the other backwards under a mask"
     return None
