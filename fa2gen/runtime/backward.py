@@ -120,9 +120,9 @@ class BackwardLaunch:
         scratch = torch.empty((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
         bands = self.ds_bands
         if not compile_only:
-            for q0, q1, k0, k1 in bands:
-                if k1 > k0:
-                    scratch[..., k0:k1, q0:q1].zero_()
+            for q0, q1, zero, keys in bands:
+                if keys > zero:
+                    scratch[..., zero:keys, q0:q1].zero_()
         tensors = (q[bs, qs], k[bs, hs], v[bs, hs], dout[bs, qs], dk[bs, hs], dv[bs, hs], scratch)
         # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
         # is contiguous too, as the kernel's offsets assume.)
