@@ -13,21 +13,12 @@ usage: python benchmarks/experiments/causal_bands.py --out OUT.json [--dtype fp1
 
 from __future__ import annotations
 
-import argparse
-import json
-
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+import bwd_cells
 
 import fa2gen.runtime.backward as bwd
-from fa2gen.bench.correctness import check_backward
-from fa2gen.bench.grid import Case, make_inputs
-from fa2gen.bench.timing import kernel_ms, measure
+from fa2gen.bench.timing import kernel_ms
 from fa2gen.generator.spec import TuningParams
-from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
-from fa2gen.runtime.launch import forward
-from fa2gen.runtime.problem import make_problem
 
 CELLS = [(128, 1024), (128, 2048), (128, 4096), (128, 16384), (64, 4096)]
 TILES = {"64x64": TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host",
@@ -35,60 +26,31 @@ TILES = {"64x64": TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2
          "64x32": TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host",
                                dq_mode="matmul", gluon=1)}
 VARIANTS = [("64x64", 1), ("64x64", 8), ("64x64", 16), ("64x64", 32), ("64x32", 16)]
-CHECKED = 4096
 
 
 def cell(d: int, n: int, dtype: str) -> dict:
-    case = Case(16384 // n, 2048 // d, n, d, True, dtype)
-    q, k, v = make_inputs(case, torch.device("cuda"))
-    problem = make_problem(q, k, v, causal=True)
-    dev = cuda_device_info(torch.cuda.current_device())
-    out, lse = forward(q, k, v, problem, select_params(problem, dev))
-    dout = torch.randn_like(out)
-    shipped = select_params(problem, dev, direction="bwd")
+    c = bwd_cells.Cell(d, n, True, dtype)
+    shipped = select_params(c.problem, c.device, direction="bwd")
     row = {"cell": f"{dtype} D={d} N={n} causal", "shipped": shipped.label(), "ms": {}, "ok": {}, "split": {}}
-    variants = [("shipped", shipped, 8)] + [(f"{t} bands {c}", TILES[t], c) for t, c in VARIANTS]
+    variants = [("shipped", shipped, 8)] + [(f"{t} bands {n_bands}", TILES[t], n_bands) for t, n_bands in VARIANTS]
     for name, params, bands in variants:
         bwd.CAUSAL_BANDS, bwd.CAUSAL_BAND_ROWS = bands, 128
-        kept = bwd.BackwardLaunch(problem, params)
-        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        kept.run(q, k, v, out, lse, dout, dq=grads[0], dk=grads[1], dv=grads[2])
-        if n <= CHECKED:
-            b = min(case.batch, 2)
-            verdict = check_backward(q[:b], k[:b], v[:b], make_problem(q[:b], k[:b], v[:b], causal=True),
-                                     dout[:b], grads[0][:b], grads[1][:b], grads[2][:b])
-            row["ok"][name] = verdict.ok
-        else:
-            row["ok"][name] = not any(torch.isnan(g).any().item() for g in grads)
-        row["ms"][name] = measure(lambda: kept.run(q, k, v, out, lse, dout)).median_ms
+        kept = bwd.BackwardLaunch(c.problem, params)
+        row["ok"][name], _, row["ms"][name] = c.check_and_time(kept)
         if name != "shipped":
-            split = kernel_ms(lambda: kept.run(q, k, v, out, lse, dout), ("attn_bwd_delta", "attn_bwd_dkdv", "nvjet"))
+            split = kernel_ms(lambda: c.run(kept), ("attn_bwd_delta", "attn_bwd_dkdv", "nvjet"))
             row["split"][name] = {
                 "dkdv": split.pop("attn_bwd_dkdv", 0.0), "matmul": split.pop("nvjet", 0.0),
                 "delta": split.pop("attn_bwd_delta", 0.0), "other": sum(split.values())}
-    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
-        row["cudnn_ms"] = measure(lambda: torch.autograd.grad(o, (qg, kg, vg), dout, retain_graph=True)).median_ms
+    row["cudnn_ms"] = c.cudnn_ms()
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--dtype", default="fp16")
-    args = ap.parse_args()
-    rows = []
-    for d, n in CELLS:
-        row = cell(d, n, args.dtype)
-        rows.append(row)
-        with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "dtype": args.dtype, "rows": rows}, f, indent=1)
-        ratios = "  ".join(f"{k} {row['cudnn_ms'] / v:.3f}{'' if row['ok'][k] else ' FAIL'}" for k, v in row["ms"].items())
-        print(f"{row['cell']:22s} x cuDNN: {ratios}", flush=True)
-        for k, s in row["split"].items():
-            print(f"    {k:16s} " + " ".join(f"{a} {b:.3f}" for a, b in s.items()), flush=True)
+def show(row: dict) -> str:
+    ratios = "  ".join(f"{k} {row['cudnn_ms'] / v:.3f}{'' if row['ok'][k] else ' FAIL'}" for k, v in row["ms"].items())
+    splits = "".join(f"\n    {k:16s} " + " ".join(f"{a} {b:.3f}" for a, b in s.items()) for k, s in row["split"].items())
+    return f"{row['cell']:22s} x cuDNN: {ratios}{splits}"
 
 
 if __name__ == "__main__":
-    main()
+    bwd_cells.main(CELLS, cell, show)

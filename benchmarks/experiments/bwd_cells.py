@@ -1,0 +1,77 @@
+"""What the backward experiments share: one canonical-grid cell's inputs and forward, a kept
+backward launch checked (outputs poisoned with NaN first) and timed, and SDPA cuDNN's backward
+timed in the same process. Imported by ds_matmul.py and causal_bands.py (run as scripts, this
+folder is on their path)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fa2gen.bench.correctness import check_backward
+from fa2gen.bench.grid import Case, make_inputs
+from fa2gen.bench.timing import measure
+from fa2gen.runtime.device import cuda_device_info
+from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.launch import forward
+from fa2gen.runtime.problem import make_problem
+
+CHECKED = 4096  # the reference check up to this length (the GPU tests cover correctness; this guards the timing)
+
+
+class Cell:
+    """A canonical-grid cell (B*N = 16k, H = 2048 / D) with fresh inputs, the shipped forward's
+    output and LSE, and an output gradient."""
+
+    def __init__(self, d: int, n: int, causal: bool, dtype: str):
+        self.case = Case(16384 // n, 2048 // d, n, d, causal, dtype)
+        self.causal, self.n = causal, n
+        self.q, self.k, self.v = make_inputs(self.case, torch.device("cuda"))
+        self.problem = make_problem(self.q, self.k, self.v, causal=causal)
+        self.device = cuda_device_info(torch.cuda.current_device())
+        self.out, self.lse = forward(self.q, self.k, self.v, self.problem, select_params(self.problem, self.device))
+        self.dout = torch.randn_like(self.out)
+
+    def run(self, kept, **grads):
+        return kept.run(self.q, self.k, self.v, self.out, self.lse, self.dout, **grads)
+
+    def check_and_time(self, kept) -> tuple[bool, str | None, float]:
+        """(ok, verdict, median ms) of a kept BackwardLaunch: checked by flash-attention's rule
+        on a sub-batch up to CHECKED queries (NaN-free only beyond), then timed."""
+        q, k, v = self.q, self.k, self.v
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        self.run(kept, dq=dq, dk=dk, dv=dv)
+        if self.n <= CHECKED:
+            b = min(self.case.batch, 2)  # the reference on a sub-batch keeps its memory small
+            verdict = check_backward(q[:b], k[:b], v[:b], make_problem(q[:b], k[:b], v[:b], causal=self.causal),
+                                     self.dout[:b], dq[:b], dk[:b], dv[:b])
+            ok, said = verdict.ok, str(verdict)
+        else:
+            ok, said = not any(torch.isnan(g).any().item() for g in (dq, dk, dv)), None
+        return ok, said, measure(lambda: self.run(kept)).median_ms
+
+    def cudnn_ms(self) -> float:
+        """SDPA cuDNN's backward on the same inputs and output gradient (median ms)."""
+        qg, kg, vg = (t.detach().requires_grad_() for t in (self.q, self.k, self.v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=self.causal)
+            return measure(lambda: torch.autograd.grad(o, (qg, kg, vg), self.dout, retain_graph=True)).median_ms
+
+
+def main(cells, measure_cell, show) -> None:
+    """An experiment's command line, ``--out OUT.json [--dtype fp16]``: ``measure_cell(*cell,
+    dtype)`` for each of ``cells`` in turn, the JSON rewritten after each (a run cut short keeps
+    what it measured), and ``show(row)`` printed."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="fp16")
+    args = ap.parse_args()
+    rows = []
+    for cell in cells:
+        rows.append(measure_cell(*cell, args.dtype))
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "dtype": args.dtype, "rows": rows}, f, indent=1)
+        print(show(rows[-1]), flush=True)
