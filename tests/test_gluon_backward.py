@@ -73,35 +73,64 @@ def test_the_backward_hash_covers_the_gluon_template():
 
 
 _CHILD = textwrap.dedent(r"""
-    import json
-    from fa2gen.generator.ahead import compile_for
+    import json, re, subprocess, tempfile
+    from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, spill_bytes
     from fa2gen.store.buckets import Bucket
     from fa2gen.tuner.space import gluon_candidates, space_for
+
+    def local_accesses_in_loops(sass):
+        # A loop in SASS: a predicated branch back to an earlier address; its body lies between
+        # the two. (Unpredicated branches back are the returns from out-of-line wait loops.)
+        at = {int(a, 16): line for a, line in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)}
+        loops = [(int(to, 16), a) for a, line in at.items()
+                 for to in re.findall(r"^@!?P\d+\s+BRA\s+0x([0-9a-f]+)", line) if int(to, 16) < a]
+        return sum(1 for a, line in at.items() if re.search(r"\b(LDL|STL)\b", line)
+                   and any(lo <= a <= hi for lo, hi in loops))
+
     out = []
     for name in ("bwd/fp16/d64/none/sc0/g1/q4096/k4096/bh128", "bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64",
                  "bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64"):
         bucket = Bucket.parse(name)
         spec = bucket.kernel_spec()
         for params in gluon_candidates(space_for("sm90", "bwd"), spec, bucket):
-            r = compile_for(spec, params, "sm90")
-            out.append({"label": params.label(), "d": spec.head_dim,
-                        "kernels": {k: [v.registers, v.spill_bytes] for k, v in r.items()}})
+            kernels = {}
+            for kname, kernel in compiled_kernels(spec, params, "sm90"):
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                    report = assemble(kernel, "sm90", cubin.name, name=kname)
+                    sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name],
+                                          capture_output=True, text=True, check=True).stdout
+                kernels[kname] = [spill_bytes(report), local_accesses_in_loops(sass)]
+            out.append({"bucket": name, "label": params.label(), "kernels": kernels})
     print(json.dumps(out))
 """)
 
+# The one candidate allowed to spill, by at most this much, and only outside its loops: the
+# causal 64 x 64 dK/dV kernel that stores dS at D=128 saves three values before its loop and
+# restores them after it (perf-notes v39). Measured 1.04-1.08x the other causal backwards
+# from N=4k all the same (benchmarks/results/ds-matmul/causal-bands-v39*).
+SPILL_ALLOWED = {("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64", "m64 n64 w4 s2 tma_host dq-matmul gluon1",
+                  "attn_bwd_dkdv"): 24}
 
-def test_compiles_for_sm90_without_spills():
+
+def test_compiles_for_sm90_without_spills_in_loops():
     """The candidates the tuner measures, each bucket's: their three kernels (delta from the
     Triton template, dK/dV in Gluon, dQ in Gluon with gluon=2 and from the Triton template
-    with gluon=1), or two with dq_mode matmul (not searched under a causal mask)."""
+    with gluon=1), or two with dq_mode matmul. None spills but the one SPILL_ALLOWED names,
+    and no kernel touches local memory inside a loop."""
     got = compiled_child(_CHILD)
-    matmul = sum(p.dq_mode == "matmul" for p in GLUON_BWD_CANDIDATES)
-    assert len(got) == 3 * len(GLUON_BWD_CANDIDATES) - matmul
+    assert len(got) == 3 * len(GLUON_BWD_CANDIDATES)  # matmul is measured under the causal mask at D=128
+    spilled = set()
     for k in got:
         # dq_mode matmul: dQ is a matmul outside the generated kernels
         dq = set() if "dq-matmul" in k["label"] else {"attn_bwd_dq"}
         assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dkdv"} | dq, k
-        assert all(spill == 0 for _, spill in k["kernels"].values()), k
+        for name, (spill, in_loops) in k["kernels"].items():
+            assert in_loops == 0, k
+            assert spill <= SPILL_ALLOWED.get((k["bucket"], k["label"], name), 0), k
+            if spill:
+                spilled.add((k["bucket"], k["label"], name))
+    # (the allowance goes when the spill does)
+    assert spilled == set(SPILL_ALLOWED)
 
 
 _SASS_CHILD = textwrap.dedent(r"""
@@ -141,9 +170,11 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
     assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
-    # dq_mode matmul's only under no mask (under one it measured slower than the other backwards)
-    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [p for p in GLUON_BWD_CANDIDATES
-                                                                     if p.dq_mode == "separate"]
+    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
+    # dq_mode matmul's not measured under a causal mask at D=64, where it ran slower
+    short = Bucket.parse("bwd/bf16/d64/causal/sc0/g1/q4096/k4096/bh128")
+    assert gluon_candidates(space, short.kernel_spec(), short) == [p for p in GLUON_BWD_CANDIDATES
+                                                                   if p.dq_mode == "separate"]
     full = Bucket.parse("bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, full.kernel_spec(), full) == list(GLUON_BWD_CANDIDATES)
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
