@@ -73,35 +73,64 @@ def test_the_backward_hash_covers_the_gluon_template():
 
 
 _CHILD = textwrap.dedent(r"""
-    import json
-    from fa2gen.generator.ahead import compile_for
+    import json, re, subprocess, tempfile
+    from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, spill_bytes
     from fa2gen.store.buckets import Bucket
     from fa2gen.tuner.space import gluon_candidates, space_for
+
+    def local_accesses_in_loops(sass):
+        # A loop in SASS: a predicated branch back to an earlier address; its body lies between
+        # the two. (Unpredicated branches back are the returns from out-of-line wait loops.)
+        at = {int(a, 16): line for a, line in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)}
+        loops = [(int(to, 16), a) for a, line in at.items()
+                 for to in re.findall(r"^@!?P\d+\s+BRA\s+0x([0-9a-f]+)", line) if int(to, 16) < a]
+        return sum(1 for a, line in at.items() if re.search(r"\b(LDL|STL)\b", line)
+                   and any(lo <= a <= hi for lo, hi in loops))
+
     out = []
     for name in ("bwd/fp16/d64/none/sc0/g1/q4096/k4096/bh128", "bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64",
                  "bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64"):
         bucket = Bucket.parse(name)
         spec = bucket.kernel_spec()
         for params in gluon_candidates(space_for("sm90", "bwd"), spec, bucket):
-            r = compile_for(spec, params, "sm90")
-            out.append({"label": params.label(), "d": spec.head_dim,
-                        "kernels": {k: [v.registers, v.spill_bytes] for k, v in r.items()}})
+            kernels = {}
+            for kname, kernel in compiled_kernels(spec, params, "sm90"):
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                    report = assemble(kernel, "sm90", cubin.name, name=kname)
+                    sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name],
+                                          capture_output=True, text=True, check=True).stdout
+                kernels[kname] = [spill_bytes(report), local_accesses_in_loops(sass)]
+            out.append({"bucket": name, "label": params.label(), "kernels": kernels})
     print(json.dumps(out))
 """)
 
+# The one candidate allowed to spill, by at most this much, and only outside its loops: the
+# causal 64 x 64 dK/dV kernel that stores dS at D=128 saves three values before its loop and
+# restores them after it (perf-notes v39). Measured 1.04-1.08x the other causal backwards
+# from N=4k all the same (benchmarks/results/ds-matmul/causal-bands-v39*).
+SPILL_ALLOWED = {("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64", "m64 n64 w4 s2 tma_host dq-matmul gluon1",
+                  "attn_bwd_dkdv"): 24}
 
-def test_compiles_for_sm90_without_spills():
+
+def test_compiles_for_sm90_without_spills_in_loops():
     """The candidates the tuner measures, each bucket's: their three kernels (delta from the
     Triton template, dK/dV in Gluon, dQ in Gluon with gluon=2 and from the Triton template
-    with gluon=1), or two with dq_mode matmul (not searched under a causal mask)."""
+    with gluon=1), or two with dq_mode matmul. None spills but the one SPILL_ALLOWED names,
+    and no kernel touches local memory inside a loop."""
     got = compiled_child(_CHILD)
-    matmul = sum(p.dq_mode == "matmul" for p in GLUON_BWD_CANDIDATES)
-    assert len(got) == 3 * len(GLUON_BWD_CANDIDATES) - matmul
+    assert len(got) == 3 * len(GLUON_BWD_CANDIDATES)  # matmul is measured under the causal mask at D=128
+    spilled = set()
     for k in got:
         # dq_mode matmul: dQ is a matmul outside the generated kernels
         dq = set() if "dq-matmul" in k["label"] else {"attn_bwd_dq"}
         assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dkdv"} | dq, k
-        assert all(spill == 0 for _, spill in k["kernels"].values()), k
+        for name, (spill, in_loops) in k["kernels"].items():
+            assert in_loops == 0, k
+            assert spill <= SPILL_ALLOWED.get((k["bucket"], k["label"], name), 0), k
+            if spill:
+                spilled.add((k["bucket"], k["label"], name))
+    # (the allowance goes when the spill does)
+    assert spilled == set(SPILL_ALLOWED)
 
 
 _SASS_CHILD = textwrap.dedent(r"""
@@ -141,9 +170,11 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
     assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
-    # dq_mode matmul's only under no mask (under one it measured slower than the other backwards)
-    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [p for p in GLUON_BWD_CANDIDATES
-                                                                     if p.dq_mode == "separate"]
+    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
+    # dq_mode matmul's not measured under a causal mask at D=64, where it ran slower
+    short = Bucket.parse("bwd/bf16/d64/causal/sc0/g1/q4096/k4096/bh128")
+    assert gluon_candidates(space, short.kernel_spec(), short) == [p for p in GLUON_BWD_CANDIDATES
+                                                                   if p.dq_mode == "separate"]
     full = Bucket.parse("bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, full.kernel_spec(), full) == list(GLUON_BWD_CANDIDATES)
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
@@ -331,8 +362,8 @@ class _MathKernels(_Kernels):
         delta.copy_((out.float() * dout.float()).sum(-1))
 
     @staticmethod
-    def _attn_bwd_dkdv(chunks, grid, Q, K, V, DO, DK, DV, DST, lse, delta, hkv, group, nq, nk, sm_scale, OUTER,
-                       INNER, **constexprs):
+    def _attn_bwd_dkdv(chunks, grid, Q, K, V, DO, DK, DV, DST, lse, delta, hkv, group, nq, nk, sm_scale, BAND,
+                       OUTER, INNER, **constexprs):
         chunks.append((grid, tuple(Q.base.shape), tuple(DST.base.shape)))
         q, do = Q.base.float(), DO.base.float()
         k, v = (t.base.float().repeat_interleave(group, 1) for t in (K, V))
@@ -346,9 +377,11 @@ class _MathKernels(_Kernels):
         DV.base.copy_((p.transpose(-1, -2) @ do).view(b, hkv, group, nk, -1).sum(2))
         DK.base.copy_((ds.transpose(-1, -2) @ q * sm_scale).view(b, hkv, group, nk, -1).sum(2))
         dst = (ds * sm_scale).transpose(-1, -2)
-        for k0 in range(0, nk, OUTER):  # the kernel's causal loop starts at query block `first`
+        for k0 in range(0, nk, OUTER):  # the kernel's causal loop starts at query block `first`,
             first = max(k0 - shift, 0) // INNER * INNER if chunks.causal else 0
             DST.base[:, :, k0:k0 + OUTER, first:] = dst[:, :, k0:k0 + OUTER, first:]
+            zero = first // BAND * BAND  # and zeros from the start of the band holding `first`
+            DST.base[:, :, k0:k0 + OUTER, zero:first] = 0
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -404,34 +437,31 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
 
 @pytest.mark.parametrize("nq,nk", [(4096, 4096), (1000, 1000), (777, 300), (300, 777), (100, 100)])
 @pytest.mark.parametrize("outer,inner", [(64, 64), (64, 32), (128, 32)])
-def test_causal_bands_read_only_written_or_zeroed_tiles(nq, nk, outer, inner):
-    # Per band: every (key, query) it reads is written by the dK/dV kernel (whose key block at k0
-    # starts at query block max(k0 - shift, 0) // inner) or zeroed by the band; every key its
-    # queries see is read; the bands tile the queries; and the zeroing stays near the diagonal.
+def test_causal_bands_read_only_tiles_the_kernel_writes(nq, nk, outer, inner):
+    # Per band: every (key, query) it reads is written by the dK/dV kernel, by its causal loop
+    # (the key block at k0 starts at query block max(k0 - shift, 0) // inner) or as zeros (from
+    # the start of the band holding that block); every key its queries see is read; the bands
+    # tile the queries, whole query blocks each; and the kernel's zeros stay near the diagonal.
     import fa2gen.runtime.backward as bwd
     from fa2gen.runtime.problem import make_problem
 
     q, k = torch.empty(1, 1, nq, 64, dtype=torch.bfloat16), torch.empty(1, 1, nk, 64, dtype=torch.bfloat16)
     problem = make_problem(q, k, k, causal=True)
-    bands = bwd.ds_bands(problem, outer, inner)
+    height, bands = bwd.ds_bands(problem, inner)
     shift = nk - nq
-    assert [b[0] for b in bands] == [0] + [b[1] for b in bands[:-1]] and bands[-1][1] == nq
+    assert [b[0] for b in bands] == list(range(0, nq, height)) and bands[-1][1] == nq and height % inner == 0
     assert len(bands) == max(1, min(bwd.CAUSAL_BANDS, nq // bwd.CAUSAL_BAND_ROWS))
     key_block = torch.arange(nk) // outer * outer
-    first = (key_block - shift).clamp(min=0) // inner * inner  # per key: its block's first written query
-    zeroed = 0
-    for q0, q1, zero, keys in bands:
-        assert q0 % inner == 0
+    first = (key_block - shift).clamp(min=0) // inner * inner  # per key: its block's first query
+    zero = first // height * height  # and its first zeroed one
+    for q0, q1, keys in bands:
         assert keys == min(nk, q1 + shift)  # the keys its last query sees
         if keys <= 0:  # (the band's dQ is zero: nothing read)
             continue
-        cols = torch.arange(q0, q1)
-        written = cols[None, :] >= first[:keys, None]
-        zeroed_here = (torch.arange(keys) >= zero)[:, None].expand_as(written)
-        assert (written | zeroed_here).all()
-        zeroed += max(0, keys - zero) * (q1 - q0)
-    if len(bands) == 8:
-        assert zeroed <= nq * nk / 8 + nq * outer
+        cols = torch.arange(q0, q1)[None, :]
+        assert (cols >= zero[:keys, None]).all()
+    if len(bands) == 8:  # zeros: at most a band's height of queries for each key
+        assert ((first - zero) <= height).all()
 
 
 def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):

@@ -67,7 +67,7 @@ class BackwardLaunch:
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
         self.ds_chunks = ds_chunks(problem, DS_SCRATCH_BYTES) if self.ds_matmul else []
-        self.ds_bands = ds_bands(problem, params.block_m, params.block_n) if self.ds_matmul else []
+        self.ds_bands = ds_bands(problem, params.block_n) if self.ds_matmul else (0, [])
         self.params = params = params.replace(gluon=0, dq_mode="separate") if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
@@ -115,21 +115,17 @@ class BackwardLaunch:
         qs = slice(hs.start * g, hs.stop * g)  # the chunk's query heads
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
         # Rows 16-byte aligned for the descriptor. Under a causal mask the kernel skips the tiles
-        # before each key block's first query block; of those, the ones a band's matmul reads are
-        # zeroed first (compiling only: nothing is read, and nothing is launched).
+        # before each key block's first query block, and stores zeros into those of them that
+        # dQ's matmul by bands of ``height`` queries reads.
         scratch = torch.empty((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
-        bands = self.ds_bands
-        if not compile_only:
-            for q0, q1, zero, keys in bands:
-                if keys > zero:
-                    scratch[..., zero:keys, q0:q1].zero_()
+        height, bands = self.ds_bands
         tensors = (q[bs, qs], k[bs, hs], v[bs, hs], dout[bs, qs], dk[bs, hs], dv[bs, hs], scratch)
         # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
         # is contiguous too, as the kernel's offsets assume.)
         args = [gluon_descriptor(t, box, layout) for t, (box, layout) in zip(tensors, self.boxes["attn_bwd_dkdv"])]
         grid = (-(-nk // self.gluon.block_m), nb * nh)
-        run(kernel, grid, *args, lse[bs, qs], delta[bs, qs], nh, g, nq, nk, problem.sm_scale, key=(id(kernel), grid),
-            **shape)
+        run(kernel, grid, *args, lse[bs, qs], delta[bs, qs], nh, g, nq, nk, problem.sm_scale, height,
+            key=(id(kernel), grid), **shape)
         if compile_only:
             return
         d = problem.head_dim
@@ -137,7 +133,7 @@ class BackwardLaunch:
         if g > 1:  # each query head's k/v head, repeated (Nk x D per query head)
             ks = ks[:, :, None].expand(nb, nh, g, nk, d)
         ds, ks = scratch.transpose(-1, -2).reshape(-1, nq, nk), ks.reshape(-1, nk, d)
-        for q0, q1, _, keys in bands:
+        for q0, q1, keys in bands:
             rows = dq[bs, qs, q0:q1]
             if keys <= 0:  # no query of the band sees a key (Nq > Nk): its gradient is zero
                 rows.zero_()
@@ -270,27 +266,19 @@ def ds_chunks(problem: Problem, limit: int) -> list[tuple[slice, slice]]:
     return [(slice(i, i + 1), slice(j, min(j + heads, hkv))) for i in range(b) for j in range(0, hkv, heads)]
 
 
-def ds_bands(problem: Problem, outer: int, inner: int) -> list[tuple[int, int, int, int]]:
-    """dq_mode matmul's bands of queries, as (q0, q1, z, keys): dQ[q0:q1] = dS[q0:q1, :keys] K[:keys],
-    after the scratch's keys z:keys of those queries are zeroed (none where z >= keys).
+def ds_bands(problem: Problem, inner: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """dq_mode matmul's bands of queries: (height, [(q0, q1, keys), ...]), dQ[q0:q1] =
+    dS[q0:q1, :keys] K[:keys] for each band, the bands ``height`` queries apart.
 
-    With no mask, one band over every key, and nothing to zero. Under a causal mask (query i sees
-    keys j <= i + Nk - Nq), bands of whole query blocks of the dK/dV kernel (``inner`` rows),
-    each over the keys its last query sees. The kernel's key block at k0 (``outer`` keys) skips
-    the query blocks before max(k0 - shift, 0) // inner, so a band starting at q0 reads skipped
-    tiles only in the key blocks from q0 + inner + shift on: those are zeroed (a band's height
-    and a block's more, instead of the whole square).
+    With no mask, one band over every key. Under a causal mask (query i sees keys
+    j <= i + Nk - Nq), bands of whole query blocks of the dK/dV kernel (``inner`` rows), each
+    over the keys its last query sees. The kernel's key block at k0 skips the query blocks
+    before max(k0 - shift, 0) // inner; of those, the band holding that first block reads the
+    ones from its own start, which the kernel fills with zeros (it takes ``height``).
     """
     nq, nk = problem.seqlen_q, problem.seqlen_k
     if problem.mask != "causal":
-        return [(0, nq, nk, nk)]
-    shift = nk - nq
+        return nq, [(0, nq, nk)]
     count = max(1, min(CAUSAL_BANDS, nq // CAUSAL_BAND_ROWS))
     height = -(-nq // count // inner) * inner
-    bands = []
-    for q0 in range(0, nq, height):
-        q1 = min(q0 + height, nq)
-        keys = min(nk, q1 + shift)
-        zero = max(0, -(-(q0 + inner + shift) // outer) * outer)
-        bands.append((q0, q1, zero, keys))
-    return bands
+    return height, [(q0, min(q0 + height, nq), min(nk, min(q0 + height, nq) + nk - nq)) for q0 in range(0, nq, height)]
