@@ -448,8 +448,8 @@ def test_backward_dq_twins_where_the_space_has_both_ways(tmp_path):
 
 def test_sm90_backward_studies_measure_dq_by_a_matmul_on_its_own_tiles(tmp_path):
     # dq_mode matmul runs on the Gluon dK/dV kernel's tiles, not as a twin of the Triton default
-    # (whose 128 x 32 tiles it loses on): a non-causal study compiles its candidates, a causal
-    # one never tries it
+    # (whose 128 x 32 tiles it loses on): non-causal and causal studies at D=128 compile its
+    # candidates, a causal one at D=64 never tries it
     from fa2gen.tuner.run import _dq_twins
 
     space = space_for("sm90", "bwd")
@@ -460,6 +460,9 @@ def test_sm90_backward_studies_measure_dq_by_a_matmul_on_its_own_tiles(tmp_path)
     assert matmul and all(p in ev.compiled for p in matmul)
     causal = Bucket("bwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
     _, _, ev, _ = _tune(tmp_path / "causal", [causal], trials=8)
+    assert all(p in ev.compiled for p in matmul)
+    short = Bucket("bwd", "fp16", 64, "causal", False, 1, 4096, 4096, 128)
+    _, _, ev, _ = _tune(tmp_path / "short", [short], trials=8)
     assert ev.compiled and all(p.dq_mode == "separate" for p in ev.compiled)
 
 
