@@ -1,0 +1,69 @@
+"""The Gluon backward at D=64 on 128 x 64 tiles (perf-notes v40): does a wider step win where
+the 128 x 32 and 64 x 64 candidates lose to the Triton kernels?
+
+For D=64 cells of the canonical grid (N = 1k, 4k and 16k, causal off and on): the shipped
+backward (the tuned configs), the Gluon candidates the tuner measures at D=64 (128 x 32 and
+64 x 64, gluon=1 and 2), and 128 x 64 dK/dV tiles with 8 warps (gluon=1 and 2, two and three
+stages, and dq_mode matmul). Each is checked by flash-attention's rule against an fp32 reference
+(outputs poisoned with NaN first) on a sub-batch, then timed with do_bench (L2 flushed, median)
+next to SDPA cuDNN's backward in the same process; each form's kernels come from the PyTorch
+profiler (attn_bwd_dkdv, attn_bwd_dq; nvjet: cuBLAS's dQ matmul).
+
+usage: python benchmarks/experiments/d64_tiles.py --out OUT.json [--dtype fp16]
+"""
+
+from __future__ import annotations
+
+import bwd_cells
+
+import fa2gen.runtime.backward as bwd
+from fa2gen.bench.timing import kernel_ms
+from fa2gen.generator.spec import TuningParams
+from fa2gen.runtime.dispatch import select_params
+
+CELLS = [(1024, False), (4096, False), (16384, False), (1024, True), (4096, True), (16384, True)]
+
+
+def _gluon(m: int, n: int, stages: int, gluon: int, dq_mode: str = "separate") -> TuningParams:
+    return TuningParams(block_m=m, block_n=n, num_warps=m // 16, num_stages=stages, loads="tma_host",
+                        dq_mode=dq_mode, gluon=gluon)
+
+
+VARIANTS = {
+    "128x32 s2 g1": _gluon(128, 32, 2, 1),
+    "128x32 s3 g2": _gluon(128, 32, 3, 2),
+    "64x64 s2 g2": _gluon(64, 64, 2, 2),
+    "128x64 s2 g1": _gluon(128, 64, 2, 1),
+    "128x64 s2 g2": _gluon(128, 64, 2, 2),
+    "128x64 s3 g2": _gluon(128, 64, 3, 2),
+    "128x64 s2 matmul": _gluon(128, 64, 2, 1, "matmul"),
+}
+
+
+def cell(n: int, causal: bool, dtype: str) -> dict:
+    c = bwd_cells.Cell(64, n, causal, dtype)
+    shipped = select_params(c.problem, c.device, direction="bwd")
+    row = {"cell": f"{dtype} D=64 N={n} {'causal' if causal else 'full'}", "shipped": shipped.label(),
+           "ms": {}, "ok": {}, "split": {}}
+    for name, params in [("shipped", shipped), *VARIANTS.items()]:
+        kept = bwd.BackwardLaunch(c.problem, params)
+        row["ok"][name], _, row["ms"][name] = c.check_and_time(kept)
+        split = kernel_ms(lambda: c.run(kept), ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq", "nvjet"))
+        row["split"][name] = {"dkdv": split.pop("attn_bwd_dkdv", 0.0), "dq": split.pop("attn_bwd_dq", 0.0),
+                              "matmul": split.pop("nvjet", 0.0), "delta": split.pop("attn_bwd_delta", 0.0),
+                              "other": sum(split.values())}
+    row["cudnn_ms"] = c.cudnn_ms()
+    return row
+
+
+def show(row: dict) -> str:
+    lines = [f"{row['cell']} (shipped: {row['shipped']}) x cuDNN:"]
+    for k, v in row["ms"].items():
+        s = row["split"][k]
+        lines.append(f"    {k:18s} {row['cudnn_ms'] / v:.3f}{'' if row['ok'][k] else ' FAIL'}  "
+                     + " ".join(f"{a} {b:.3f}" for a, b in s.items() if b))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    bwd_cells.main([(n, causal) for n, causal in CELLS], cell, show)
