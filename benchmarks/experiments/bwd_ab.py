@@ -3,9 +3,10 @@ package run in turn on the same GPU (perf-notes v41).
 
 Per cell: the shipped backward (the tuned configs; a version whose backward template changed
 reads them only if its configs file is given the new template hash), the Gluon dK/dV and dQ
-kernels on 64 x 64 tiles (gluon=2), and SDPA cuDNN's backward in the same process. Each is checked by flash-attention's rule against an fp32 reference (outputs poisoned
-with NaN first) on a sub-batch, then timed with do_bench (L2 flushed, median); each form's
-kernels come from the PyTorch profiler.
+kernels on 64 x 64 tiles (gluon=2), and SDPA cuDNN's backward in the same process. Each is
+checked by flash-attention's rule against an fp32 reference (outputs poisoned with NaN first)
+on a sub-batch, then timed with do_bench (L2 flushed, median); each form's kernels come from
+the PyTorch profiler.
 
 usage: python benchmarks/experiments/bwd_ab.py --out OUT.json [--dtype fp16]
 """
