@@ -2,7 +2,7 @@
 
 Warms up (compiles, tunes nothing), then makes --calls calls of the forward or the backward,
 with the config attention() dispatches (or --dq-mode for the backward), or of SDPA's cuDNN
-forward (--provider sdpa-cudnn) or a Gluon forward variant of
+forward or backward (--provider sdpa-cudnn) or a Gluon forward variant of
 benchmarks/experiments/gluon_fwd.py (--provider gluon --variant I) for a side-by-side profile. The calls after the warm-up run
 inside the NVTX range "profile", so that ncu can skip everything else. Example:
 
@@ -53,8 +53,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--dq-mode", choices=("separate", "atomic"))
     args = ap.parse_args()
-    if args.provider != "fa2gen" and args.direction != "fwd":
-        ap.error(f"--provider {args.provider} profiles the forward only (add --direction fwd)")
+    if args.provider == "gluon" and args.direction != "fwd":
+        ap.error("--provider gluon profiles the forward only (add --direction fwd)")
     b, h, n, d = (int(x) for x in args.shape.split(","))
     q, k, v = make_inputs(Case(b, h, n, d, args.causal, args.dtype), torch.device("cuda"))
     problem = make_problem(q, k, v, causal=args.causal)
@@ -69,9 +69,16 @@ def main() -> None:
         variant = gluon_fwd.VARIANTS[args.variant]
         gluon_launch = gluon_fwd.launcher(q, k, v, *variant, args.causal)[0]
 
+    if args.provider == "sdpa-cudnn" and args.direction == "bwd":
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out_g = scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal)
+
     def call():
         if args.provider == "gluon":
             gluon_launch()
+        elif args.provider == "sdpa-cudnn" and args.direction == "bwd":  # its backward kernels only
+            torch.autograd.grad(out_g, (qg, kg, vg), dout, retain_graph=True)
         elif args.provider == "sdpa-cudnn":
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 scaled_dot_product_attention(q, k, v, is_causal=args.causal)
