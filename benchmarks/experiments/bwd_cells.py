@@ -1,6 +1,7 @@
 """What the backward experiments share: one canonical-grid cell's inputs and forward, a kept
 backward launch checked (outputs poisoned with NaN first) and timed, and SDPA cuDNN's backward
-timed in the same process. Imported by ds_matmul.py and causal_bands.py (run as scripts, this
+timed in the same process; a row of variants each checked, timed and split into its kernels.
+Imported by ds_matmul.py, causal_bands.py, d64_tiles.py and bwd_ab.py (run as scripts, this
 folder is on their path)."""
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fa2gen.bench.correctness import check_backward
 from fa2gen.bench.grid import Case, make_inputs
-from fa2gen.bench.timing import measure
+from fa2gen.bench.timing import kernel_ms, measure
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.backward import BackwardLaunch
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
 
@@ -59,6 +61,32 @@ class Cell:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=self.causal)
             return measure(lambda: torch.autograd.grad(o, (qg, kg, vg), self.dout, retain_graph=True)).median_ms
+
+
+def variants_row(c: Cell, title: str, variants, **fields) -> dict:
+    """Each (name, params) of ``variants`` on cell ``c``: checked, timed and split into its
+    kernels by the profiler (ms per call: dK/dV, dQ, cuBLAS's dQ matmul, delta, the rest), with
+    cuDNN's backward timed after them; a row for show_variants, holding ``fields`` too."""
+    row = {"cell": title, **fields, "ms": {}, "ok": {}, "split": {}}
+    for name, params in variants:
+        kept = BackwardLaunch(c.problem, params)
+        row["ok"][name], _, row["ms"][name] = c.check_and_time(kept)
+        split = kernel_ms(lambda: c.run(kept), ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq", "nvjet"))
+        row["split"][name] = {"dkdv": split.pop("attn_bwd_dkdv", 0.0), "dq": split.pop("attn_bwd_dq", 0.0),
+                              "matmul": split.pop("nvjet", 0.0), "delta": split.pop("attn_bwd_delta", 0.0),
+                              "other": sum(split.values())}
+    row["cudnn_ms"] = c.cudnn_ms()
+    return row
+
+
+def show_variants(row: dict) -> str:
+    shipped = f" (shipped: {row['shipped']})" if "shipped" in row else ""
+    lines = [f"{row['cell']}{shipped} cuDNN {row['cudnn_ms']:.3f} ms:"]
+    for k, v in row["ms"].items():
+        s = row["split"][k]
+        lines.append(f"    {k:18s} {v:7.3f} ms  x cuDNN {row['cudnn_ms'] / v:.3f}{'' if row['ok'][k] else ' FAIL'}  "
+                     + " ".join(f"{a} {b:.3f}" for a, b in s.items() if b))
+    return "\n".join(lines)
 
 
 def main(cells, measure_cell, show) -> None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import bwd_cells
 
-import fa2gen.runtime.backward as bwd
-from fa2gen.bench.timing import kernel_ms
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.dispatch import select_params
 
@@ -43,27 +41,9 @@ VARIANTS = {
 def cell(n: int, causal: bool, dtype: str) -> dict:
     c = bwd_cells.Cell(64, n, causal, dtype)
     shipped = select_params(c.problem, c.device, direction="bwd")
-    row = {"cell": f"{dtype} D=64 N={n} {'causal' if causal else 'full'}", "shipped": shipped.label(),
-           "ms": {}, "ok": {}, "split": {}}
-    for name, params in [("shipped", shipped), *VARIANTS.items()]:
-        kept = bwd.BackwardLaunch(c.problem, params)
-        row["ok"][name], _, row["ms"][name] = c.check_and_time(kept)
-        split = kernel_ms(lambda: c.run(kept), ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq", "nvjet"))
-        row["split"][name] = {"dkdv": split.pop("attn_bwd_dkdv", 0.0), "dq": split.pop("attn_bwd_dq", 0.0),
-                              "matmul": split.pop("nvjet", 0.0), "delta": split.pop("attn_bwd_delta", 0.0),
-                              "other": sum(split.values())}
-    row["cudnn_ms"] = c.cudnn_ms()
-    return row
-
-
-def show(row: dict) -> str:
-    lines = [f"{row['cell']} (shipped: {row['shipped']}) x cuDNN:"]
-    for k, v in row["ms"].items():
-        s = row["split"][k]
-        lines.append(f"    {k:18s} {row['cudnn_ms'] / v:.3f}{'' if row['ok'][k] else ' FAIL'}  "
-                     + " ".join(f"{a} {b:.3f}" for a, b in s.items() if b))
-    return "\n".join(lines)
+    title = f"{dtype} D=64 N={n} {'causal' if causal else 'full'}"
+    return bwd_cells.variants_row(c, title, [("shipped", shipped), *VARIANTS.items()], shipped=shipped.label())
 
 
 if __name__ == "__main__":
-    bwd_cells.main([(n, causal) for n, causal in CELLS], cell, show)
+    bwd_cells.main(CELLS, cell, bwd_cells.show_variants)
