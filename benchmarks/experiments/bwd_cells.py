@@ -79,6 +79,17 @@ def variants_row(c: Cell, title: str, variants, **fields) -> dict:
     return row
 
 
+def shipped_and(variants: dict):
+    """An experiment's ``measure_cell`` for main(): on cell (D, N, causal), the shipped backward
+    (the tuned configs) and each of ``variants`` (name: params), by variants_row."""
+    def cell(d: int, n: int, causal: bool, dtype: str) -> dict:
+        c = Cell(d, n, causal, dtype)
+        shipped = select_params(c.problem, c.device, direction="bwd")
+        title = f"{dtype} D={d} N={n} {'causal' if causal else 'full'}"
+        return variants_row(c, title, [("shipped", shipped), *variants.items()], shipped=shipped.label())
+    return cell
+
+
 def show_variants(row: dict) -> str:
     shipped = f" (shipped: {row['shipped']})" if "shipped" in row else ""
     lines = [f"{row['cell']}{shipped} cuDNN {row['cudnn_ms']:.3f} ms:"]

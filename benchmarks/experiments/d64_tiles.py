@@ -17,9 +17,8 @@ from __future__ import annotations
 import bwd_cells
 
 from fa2gen.generator.spec import TuningParams
-from fa2gen.runtime.dispatch import select_params
 
-CELLS = [(1024, False), (4096, False), (16384, False), (1024, True), (4096, True), (16384, True)]
+CELLS = [(64, n, causal) for causal in (False, True) for n in (1024, 4096, 16384)]
 
 
 def _gluon(m: int, n: int, stages: int, gluon: int, dq_mode: str = "separate") -> TuningParams:
@@ -38,12 +37,5 @@ VARIANTS = {
 }
 
 
-def cell(n: int, causal: bool, dtype: str) -> dict:
-    c = bwd_cells.Cell(64, n, causal, dtype)
-    shipped = select_params(c.problem, c.device, direction="bwd")
-    title = f"{dtype} D=64 N={n} {'causal' if causal else 'full'}"
-    return bwd_cells.variants_row(c, title, [("shipped", shipped), *VARIANTS.items()], shipped=shipped.label())
-
-
 if __name__ == "__main__":
-    bwd_cells.main(CELLS, cell, bwd_cells.show_variants)
+    bwd_cells.main(CELLS, bwd_cells.shipped_and(VARIANTS), bwd_cells.show_variants)

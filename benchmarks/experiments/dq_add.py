@@ -14,7 +14,6 @@ from __future__ import annotations
 import bwd_cells
 
 from fa2gen.generator.spec import TuningParams
-from fa2gen.runtime.dispatch import select_params
 
 CELLS = [(128, 1024, False), (128, 4096, False), (128, 16384, False), (128, 4096, True), (128, 16384, True),
          (64, 4096, False), (64, 4096, True)]
@@ -28,12 +27,5 @@ VARIANTS = {
 }
 
 
-def cell(d: int, n: int, causal: bool, dtype: str) -> dict:
-    c = bwd_cells.Cell(d, n, causal, dtype)
-    shipped = select_params(c.problem, c.device, direction="bwd")
-    title = f"{dtype} D={d} N={n} {'causal' if causal else 'full'}"
-    return bwd_cells.variants_row(c, title, [("shipped", shipped), *VARIANTS.items()], shipped=shipped.label())
-
-
 if __name__ == "__main__":
-    bwd_cells.main(CELLS, cell, bwd_cells.show_variants)
+    bwd_cells.main(CELLS, bwd_cells.shipped_and(VARIANTS), bwd_cells.show_variants)
