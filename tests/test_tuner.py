@@ -411,7 +411,8 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert {p.loads for p in ev.compiled} <= {"pointer", "tma_host"}  # no in-kernel descriptors in its space
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
-    # sm90 searches dQ in its own kernel and by a matmul over stored dS, the latter not under a mask
+    # sm90 searches dQ in its own kernel and by a matmul over stored dS, the latter not under a
+    # causal mask at D=64 (this bucket)
     assert {p.dq_mode for p in ev.compiled} == {"separate"}
     first, *after = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number))
     # ... the default first, the Gluon dK/dV candidates, then the default's one-knob neighbours

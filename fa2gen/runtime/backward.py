@@ -281,4 +281,8 @@ def ds_bands(problem: Problem, inner: int) -> tuple[int, list[tuple[int, int, in
         return nq, [(0, nq, nk)]
     count = max(1, min(CAUSAL_BANDS, nq // CAUSAL_BAND_ROWS))
     height = -(-nq // count // inner) * inner
-    return height, [(q0, min(q0 + height, nq), min(nk, min(q0 + height, nq) + nk - nq)) for q0 in range(0, nq, height)]
+    bands = []
+    for q0 in range(0, nq, height):
+        q1 = min(q0 + height, nq)
+        bands.append((q0, q1, min(nk, q1 + nk - nq)))  # the keys its last query sees
+    return height, bands
