@@ -114,15 +114,14 @@ SPILL_ALLOWED = {("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64", "m64 n64 w4 s2
 
 def test_compiles_for_sm90_without_spills_in_loops():
     """The candidates the tuner measures, each bucket's: their three kernels (delta from the
-    Triton template, dK/dV in Gluon, dQ in Gluon with gluon=2 and from the Triton template
-    with gluon=1), or two with dq_mode matmul. None spills but the one SPILL_ALLOWED names,
-    and no kernel touches local memory inside a loop."""
+    Triton template, dK/dV in Gluon, dQ in Gluon with gluon=2, from the Triton template with
+    gluon=1, or over the stored dS in Gluon with dq_mode matmul). None spills but the one
+    SPILL_ALLOWED names, and no kernel touches local memory inside a loop."""
     got = compiled_child(_CHILD)
     assert len(got) == 3 * len(GLUON_BWD_CANDIDATES)  # matmul is measured under the causal mask at D=128
     spilled = set()
     for k in got:
-        # dq_mode matmul: dQ is a matmul outside the generated kernels
-        dq = set() if "dq-matmul" in k["label"] else {"attn_bwd_dq"}
+        dq = {"attn_bwd_dq_ds"} if "dq-matmul" in k["label"] else {"attn_bwd_dq"}
         assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dkdv"} | dq, k
         for name, (spill, in_loops) in k["kernels"].items():
             assert in_loops == 0, k
@@ -345,14 +344,17 @@ def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
 
 class _MathKernels(_Kernels):
     """Test seam standing in for a compiled backward module on CPU (no GPU to run the Gluon
-    kernels here): its delta and dK/dV "kernels" compute what the real ones compute, in fp32
-    torch on the tensors under their descriptors, and the dK/dV one writes dS^T only where the
-    real one does (under a causal mask, not the query blocks before a key block's first), so
-    that the host side of dq_mode matmul (chunks, slices, scratch, the dQ matmul) is checked
-    against a reference for real."""
+    kernels here): its delta, dK/dV and dQ-over-dS "kernels" compute what the real ones
+    compute, in fp32 torch on the tensors under their descriptors; the dK/dV one writes dS^T
+    only where the real one does (under a causal mask, not the query blocks before a key
+    block's first, but zeros from the start of the BAND holding it) and the dQ one reads only
+    what the real one reads (per DS_ROWS queries, the key blocks its last query sees), so that
+    the host side of dq_mode matmul (chunks, slices, scratch, BAND, strides) is checked against
+    a reference for real: a read of a tile nothing wrote is NaN."""
 
-    def __init__(self, chunks):
+    def __init__(self, chunks, ds_rows):
         self.chunks = chunks
+        self.DS_ROWS = ds_rows
 
     def launched(self, name, grid, args, kw):
         getattr(self, "_" + name)(self.chunks, grid, *args, **kw)
@@ -383,25 +385,34 @@ class _MathKernels(_Kernels):
             zero = first // BAND * BAND  # and zeros from the start of the band holding `first`
             DST.base[:, :, k0:k0 + OUTER, zero:first] = 0
 
+    @staticmethod
+    def _attn_bwd_dq_ds(chunks, grid, DST, K, DQ, stride_b, stride_h, stride_n, hq, group, nq, nk, HEAD_DIM,
+                        **launch):
+        assert (stride_b, stride_h, stride_n) == DQ.stride()[:3] and DQ.shape[-1] == HEAD_DIM
+        keys, rows = DST.block_shape[2:]
+        assert grid == (-(-nq // rows), DQ.shape[0] * hq) and K.block_shape[2] == keys
+        ds, k = DST.base.float(), K.base.float().repeat_interleave(group, 1)
+        for q0 in range(0, nq, rows):  # a program's queries; causal: the key blocks its last query sees
+            end = -(-min(max(q0 + rows + nk - nq, 0), nk) // keys) * keys if chunks.causal else nk
+            DQ[:, :, q0:q0 + rows] = (ds[:, :, :end, q0:q0 + rows].transpose(-1, -2) @ k[:, :, :end]).to(DQ.dtype)
+
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("nq,nk", [(37, 50), (100, 100), (150, 90)])
 @pytest.mark.parametrize("heads,chunks", [(None, 1), (4, 2), (1, 6)], ids=["whole", "batches", "heads"])
-@pytest.mark.parametrize("band_rows", [256, 32], ids=["one-band", "bands"])
-def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, nq, nk, heads, chunks, band_rows):
+@pytest.mark.parametrize("ds_rows", [128, 32], ids=["one-program", "programs"])
+def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, nq, nk, heads, chunks, ds_rows):
     # B=3, Hq=6 over Hkv=2 (GQA); the scratch bounded to ``heads`` k/v heads' dS. At Nq = Nk =
-    # 100 the second 64-key block's causal loop skips query blocks 0 and 1: the matmul reads
-    # those tiles, which must be zeros, not what torch.empty gives (NaN here). With bands of
-    # 32 queries (up to 8 of them), each band reads some of those tiles and zeroes them itself;
-    # at Nq = 150 > Nk = 90 the first band's queries see no key at all.
+    # 100 the second 64-key block's causal loop skips query blocks 0 and 1: dQ's kernel reads
+    # those tiles, which must be zeros, not what torch.empty gives (NaN here). With 32 queries
+    # a dQ program, up to 5 of them, the dK/dV kernel zeroes only those in a skipped block's
+    # program; at Nq = 150 > Nk = 90 the first program's queries see no key at all.
     import fa2gen.runtime.backward as bwd
     import fa2gen.runtime.launch as launch
     from fa2gen.runtime.problem import make_problem
 
-    monkeypatch.setattr(bwd, "CAUSAL_BAND_ROWS", band_rows)
-
     seen = type("Chunks", (list,), {"causal": causal})()
-    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen))
+    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen, ds_rows))
     monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     g = torch.Generator().manual_seed(7)
@@ -435,35 +446,6 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
         torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("nq,nk", [(4096, 4096), (1000, 1000), (777, 300), (300, 777), (100, 100)])
-@pytest.mark.parametrize("outer,inner", [(64, 64), (64, 32), (128, 32)])
-def test_causal_bands_read_only_tiles_the_kernel_writes(nq, nk, outer, inner):
-    # Per band: every (key, query) it reads is written by the dK/dV kernel, by its causal loop
-    # (the key block at k0 starts at query block max(k0 - shift, 0) // inner) or as zeros (from
-    # the start of the band holding that block); every key its queries see is read; the bands
-    # tile the queries, whole query blocks each; and the kernel's zeros stay near the diagonal.
-    import fa2gen.runtime.backward as bwd
-    from fa2gen.runtime.problem import make_problem
-
-    q, k = torch.empty(1, 1, nq, 64, dtype=torch.bfloat16), torch.empty(1, 1, nk, 64, dtype=torch.bfloat16)
-    problem = make_problem(q, k, k, causal=True)
-    height, bands = bwd.ds_bands(problem, inner)
-    shift = nk - nq
-    assert [b[0] for b in bands] == list(range(0, nq, height)) and bands[-1][1] == nq and height % inner == 0
-    assert len(bands) == max(1, min(bwd.CAUSAL_BANDS, nq // bwd.CAUSAL_BAND_ROWS))
-    key_block = torch.arange(nk) // outer * outer
-    first = (key_block - shift).clamp(min=0) // inner * inner  # per key: its block's first query
-    zero = first // height * height  # and its first zeroed one
-    for q0, q1, keys in bands:
-        assert keys == min(nk, q1 + shift)  # the keys its last query sees
-        if keys <= 0:  # (the band's dQ is zero: nothing read)
-            continue
-        cols = torch.arange(q0, q1)[None, :]
-        assert (cols >= zero[:keys, None]).all()
-    if len(bands) == 8:  # zeros: at most a band's height of queries for each key
-        assert ((first - zero) <= height).all()
-
-
 def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):
     # A chunk holds at least one k/v head's dS: where that alone passes the bound (long
     # sequences), the launch keeps the dQ kernel instead of allocating past it
@@ -480,24 +462,6 @@ def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):
     assert not kept.ds_matmul and kept.gluon.dq_mode == "separate"
 
 
-def test_dq_mode_matmul_runs_as_separate_without_fp32_batched_matmuls(monkeypatch):
-    # torch before 2.8 has no fp16/bf16 bmm with fp32 out: the launch keeps the dQ kernel
-    import fa2gen.runtime.backward as bwd
-    import fa2gen.runtime.launch as launch
-    from fa2gen.runtime.problem import make_problem
-
-    assert bwd.fp32_bmm()  # this torch has it
-    launches, loaded = [], []
-    monkeypatch.setattr(bwd, "fp32_bmm", lambda: False)
-    monkeypatch.setattr(bwd, "load_module", lambda spec, params: loaded.append(params) or _Kernels(launches))
-    monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    q, k, v, out, dout = (torch.randn(2, 3, 96, 128, dtype=torch.bfloat16) for _ in range(5))
-    problem = make_problem(q, k, v)
-    bwd.BackwardLaunch(problem, G64.replace(dq_mode="matmul")).run(q, k, v, out, torch.randn(2, 3, 96), dout)
-    assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
-    assert [p.dq_mode for p in loaded] == ["separate", "separate"]  # the Gluon module without the dS store
-
 
 MATMUL = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "matmul"]
 
@@ -507,8 +471,8 @@ MATMUL = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "matmul"]
 @pytest.mark.parametrize("per_chunk", [1, 2], ids=["one-head", "two-heads"])
 def test_dq_mode_matmul_in_chunks_on_the_gpu(monkeypatch, params, dtype, shape, causal, layout, per_chunk):
     # The scratch bounded to one or two k/v heads' dS: chunks of heads within a batch element
-    # (and, at two heads for Hkv=2, of whole batch elements); causal at Nq = 700, dQ's matmul
-    # in two bands of queries
+    # (and, at two heads for Hkv=2, of whole batch elements); causal at Nq = 700, six dQ
+    # programs a head, the last one short
     import fa2gen.runtime.backward as bwd
     from fa2gen.bench.correctness import check_backward
     from fa2gen.runtime.defaults import default_params

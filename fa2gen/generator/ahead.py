@@ -99,10 +99,14 @@ def _gluon_kernels(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
     """The kernels a Gluon variant writes in Gluon (the backward's others are Triton's)."""
     if spec.direction == "fwd":
         return ("attn_fwd",)
-    return ("attn_bwd_dkdv", "attn_bwd_dq") if params.gluon == 2 else ("attn_bwd_dkdv",)
+    if params.gluon == 2:
+        return ("attn_bwd_dkdv", "attn_bwd_dq")
+    return ("attn_bwd_dkdv", "attn_bwd_dq_ds") if params.dq_mode == "matmul" else ("attn_bwd_dkdv",)
 
 
 def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
+    if kernel == "attn_bwd_dq_ds":  # (its tiles come from its descriptors' boxes)
+        return {"HEAD_DIM": spec.head_dim}
     if params.gluon and kernel in ("attn_bwd_dkdv", "attn_bwd_dq"):
         return {"HEAD_DIM": spec.head_dim, "OUTER": params.block_m, "INNER": params.block_n,
                 "STAGES": params.num_stages}
@@ -161,7 +165,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
     fn = getattr(module, kernel)
     constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
     boxes = (dict(zip("QKVO", descriptor_boxes(spec, params))) if spec.direction == "fwd"
-             else backward_boxes(spec, params, kernel))
+             else backward_boxes(spec, params, kernel, getattr(module, "DS_ROWS", 0)))
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -173,12 +177,15 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
                                f"{descriptor_layout(box, dtype)!r}>")
         elif name in ("LSE", "DELTA") or name.startswith("DESCALE"):
             signature[name] = "*fp32"
+        elif name == "DQ_PTR":
+            signature[name] = f"*{_TRITON_TYPES[spec.dtype]}"
         elif name == "sm_scale":
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
     keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA") if name in fn.arg_names}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR")
+             if name in fn.arg_names}
     source = GluonASTSource(fn, signature, keys, attrs)
     options = dict(module.LAUNCH)
     return triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)

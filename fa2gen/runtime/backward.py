@@ -1,5 +1,6 @@
 """Launch the generated backward kernels: delta, then dK/dV and dQ (its own kernel, atomics
-from the dK/dV kernel and a store, or a matmul over the dS the Gluon dK/dV kernel stores)."""
+from the dK/dV kernel and a store, or a matmul kernel over the dS the Gluon dK/dV kernel
+stores)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,6 @@ from .problem import Problem
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
 # whole batch elements where they fit, else heads of one batch element.
 DS_SCRATCH_BYTES = 2 << 30
-# dq_mode "matmul" under a causal mask: dQ's matmul runs in up to CAUSAL_BANDS bands of queries,
-# each over only the keys its last query sees, and no band shorter than CAUSAL_BAND_ROWS queries
-# (each band is two more launches: short sequences stay one band).
-CAUSAL_BANDS = 8
-CAUSAL_BAND_ROWS = 256
-
-
-def fp32_bmm() -> bool:
-    """Whether this torch has 16-bit batched matmuls with fp32 out (aten::bmm.dtype, torch 2.8),
-    which dq_mode matmul needs; without it the mode runs as dq_mode separate."""
-    return "dtype" in torch.ops.aten.bmm.overloads()
 
 
 def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *, dq=None, dk=None, dv=None,
@@ -50,7 +40,7 @@ class BackwardLaunch:
     the tensors live: built once per call shape and reused, so that a call pays for its
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
-    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "ds_chunks", "ds_bands",
+    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "ds_chunks",
                  "modules", "scalars", "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices",
                  "_direct")
 
@@ -60,14 +50,13 @@ class BackwardLaunch:
         # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel;
         # dq_mode matmul: dQ by a matmul over its dS instead); the rest from the Triton
         # template on the same tiles (``params`` holds those, and is the fallback's).
-        # dq_mode matmul needs fp32-out matmuls, and a k/v head's dS within the scratch bound
-        # (a chunk holds at least one): else it runs as dq_mode separate
-        if params.dq_mode == "matmul" and (not fp32_bmm() or ds_head_bytes(problem) > DS_SCRATCH_BYTES):
+        # dq_mode matmul needs a k/v head's dS within the scratch bound (a chunk holds at least
+        # one): else it runs as dq_mode separate
+        if params.dq_mode == "matmul" and ds_head_bytes(problem) > DS_SCRATCH_BYTES:
             params = params.replace(dq_mode="separate")
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
         self.ds_chunks = ds_chunks(problem, DS_SCRATCH_BYTES) if self.ds_matmul else []
-        self.ds_bands = ds_bands(problem, params.block_n) if self.ds_matmul else (0, [])
         self.params = params = params.replace(gluon=0, dq_mode="separate") if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
@@ -106,41 +95,32 @@ class BackwardLaunch:
                 boxes = backward_boxes(spec, self.gluon, kernel)
                 self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], spec.dtype)) for n in names)
 
-    def _dkdv_ds_matmul(self, run, kernel, shape, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv,
-                        compile_only: bool) -> None:
+    def _dkdv_ds_matmul(self, run, module, shape, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv) -> None:
         """One chunk of dq_mode matmul: batches ``bs``, k/v heads ``hs``. The Gluon dK/dV kernel
-        writes dK, dV and sm_scale * dS^T into a (B, Hq, Nk, Nq) scratch, then dQ = dS K."""
+        writes dK, dV and sm_scale * dS^T into a (B, Hq, Nk, Nq) scratch, then the module's
+        attn_bwd_dq_ds computes dQ = dS K from it, DS_ROWS queries a program."""
         problem = self.problem
         g, nq, nk = problem.group, problem.seqlen_q, problem.seqlen_k
         qs = slice(hs.start * g, hs.stop * g)  # the chunk's query heads
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
-        # Rows 16-byte aligned for the descriptor. Under a causal mask the kernel skips the tiles
-        # before each key block's first query block, and stores zeros into those of them that
-        # dQ's matmul by bands of ``height`` queries reads.
+        # Rows 16-byte aligned for the descriptor. Under a causal mask the dK/dV kernel skips the
+        # tiles before each key block's first query block, and stores zeros into those of them
+        # that share a dQ program's DS_ROWS queries with that block (BAND): dQ's kernel reads
+        # each key block its last query sees, over all of its queries.
         scratch = torch.empty((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
-        height, bands = self.ds_bands
         tensors = (q[bs, qs], k[bs, hs], v[bs, hs], dout[bs, qs], dk[bs, hs], dv[bs, hs], scratch)
         # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
         # is contiguous too, as the kernel's offsets assume.)
         args = [gluon_descriptor(t, box, layout) for t, (box, layout) in zip(tensors, self.boxes["attn_bwd_dkdv"])]
         grid = (-(-nk // self.gluon.block_m), nb * nh)
-        run(kernel, grid, *args, lse[bs, qs], delta[bs, qs], nh, g, nq, nk, problem.sm_scale, height,
-            key=(id(kernel), grid), **shape)
-        if compile_only:
-            return
-        d = problem.head_dim
-        ks = tensors[1]
-        if g > 1:  # each query head's k/v head, repeated (Nk x D per query head)
-            ks = ks[:, :, None].expand(nb, nh, g, nk, d)
-        ds, ks = scratch.transpose(-1, -2).reshape(-1, nq, nk), ks.reshape(-1, nk, d)
-        for q0, q1, keys in bands:
-            rows = dq[bs, qs, q0:q1]
-            if keys <= 0:  # no query of the band sees a key (Nq > Nk): its gradient is zero
-                rows.zero_()
-            elif ds.is_cuda:  # fp32 out: cuBLAS's 16-bit output may sum split products in 16 bits
-                rows.copy_(torch.bmm(ds[:, q0:q1, :keys], ks[:, :keys], out_dtype=torch.float32).view(rows.shape))
-            else:  # (the CPU's bmm has no 16-bit in, fp32 out; only the CPU tests' kernel seam gets here)
-                rows.copy_(torch.bmm(ds[:, q0:q1, :keys].float(), ks[:, :keys].float()).view(rows.shape))
+        run(module.attn_bwd_dkdv, grid, *args, lse[bs, qs], delta[bs, qs], nh, g, nq, nk, problem.sm_scale,
+            module.DS_ROWS, key=(id(module.attn_bwd_dkdv), grid), **shape)
+        (ds_box, ds_layout), _ = self.boxes["attn_bwd_dq_ds"]  # (K's box is the dK/dV kernel's)
+        rows = dq[bs, qs]
+        grid = (-(-nq // module.DS_ROWS), nb * nh * g)
+        run(module.attn_bwd_dq_ds, grid, gluon_descriptor(scratch, ds_box, ds_layout), args[1], rows,
+            *rows.stride()[:3], nh * g, g, nq, nk, HEAD_DIM=problem.head_dim, launch=module.LAUNCH,
+            key=(id(module.attn_bwd_dq_ds), grid))
 
     def fallback(self) -> "BackwardLaunch":
         """The launch to run where this one cannot: the Triton dK/dV kernel where the Gluon
@@ -166,6 +146,12 @@ class BackwardLaunch:
             modules = (load_module(self.spec, self.params),)
             if self.gluon is not None:
                 modules += (load_module(self.spec, self.gluon),)
+            if self.ds_matmul:  # dQ's kernel takes its module's DS_ROWS queries a program
+                from ..generator.gluon import backward_boxes, descriptor_layout
+
+                boxes = backward_boxes(self.spec, self.gluon, "attn_bwd_dq_ds", modules[1].DS_ROWS)
+                self.boxes["attn_bwd_dq_ds"] = tuple((boxes[n], descriptor_layout(boxes[n], self.spec.dtype))
+                                                     for n in ("DST", "K"))
             self.modules = modules
         return self.modules
 
@@ -214,10 +200,9 @@ class BackwardLaunch:
             shape = dict(HEAD_DIM=problem.head_dim, OUTER=self.gluon.block_m, INNER=self.gluon.block_n,
                          STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
             if self.ds_matmul:
-                # (compiling only: the first chunk's launch is the call's specialisation)
+                # (compiling only: the first chunk's launches are the call's specialisation)
                 for bs, hs in self.ds_chunks[:1 if compile_only else None]:
-                    self._dkdv_ds_matmul(run, gluon_module.attn_bwd_dkdv, shape, bs, hs, q, k, v, dout, lse, delta,
-                                         dq, dk, dv, compile_only)
+                    self._dkdv_ds_matmul(run, gluon_module, shape, bs, hs, q, k, v, dout, lse, delta, dq, dk, dv)
                 return dq, dk, dv
             run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"],
                 *[gluon_descriptor(t, box, layout)
@@ -264,25 +249,3 @@ def ds_chunks(problem: Problem, limit: int) -> list[tuple[slice, slice]]:
         step = heads // hkv
         return [(slice(i, min(i + step, b)), slice(0, hkv)) for i in range(0, b, step)]
     return [(slice(i, i + 1), slice(j, min(j + heads, hkv))) for i in range(b) for j in range(0, hkv, heads)]
-
-
-def ds_bands(problem: Problem, inner: int) -> tuple[int, list[tuple[int, int, int]]]:
-    """dq_mode matmul's bands of queries: (height, [(q0, q1, keys), ...]), dQ[q0:q1] =
-    dS[q0:q1, :keys] K[:keys] for each band, the bands ``height`` queries apart.
-
-    With no mask, one band over every key. Under a causal mask (query i sees keys
-    j <= i + Nk - Nq), bands of whole query blocks of the dK/dV kernel (``inner`` rows), each
-    over the keys its last query sees. The kernel's key block at k0 skips the query blocks
-    before max(k0 - shift, 0) // inner; of those, the band holding that first block reads the
-    ones from its own start, which the kernel fills with zeros (it takes ``height``).
-    """
-    nq, nk = problem.seqlen_q, problem.seqlen_k
-    if problem.mask != "causal":
-        return nq, [(0, nq, nk)]
-    count = max(1, min(CAUSAL_BANDS, nq // CAUSAL_BAND_ROWS))
-    height = -(-nq // count // inner) * inner
-    bands = []
-    for q0 in range(0, nq, height):
-        q1 = min(q0 + height, nq)
-        bands.append((q0, q1, min(nk, q1 + nk - nq)))  # the keys its last query sees
-    return height, bands
