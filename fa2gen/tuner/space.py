@@ -100,11 +100,12 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # ptxas for sm90: 24-228 B spilled at 168 registers (fp16 D=64 to bf16 D=128); 128 x 64 none
     if params.gluon and params.persistent and params.block_m == 128 and params.block_n == 128:
         return "a persistent Gluon program on 128 x 128 tiles spills (its tile loop holds more registers)"
-    # Under a causal mask dq_mode matmul runs by bands of queries whose skipped tiles the dK/dV
-    # kernel zeroes (perf-notes v38, v39): at D=128 it measured 1.04-1.08x the shipped causal
-    # backward on the H200 from N=4k (0.97-1.01x at 2k, slower at 1k: the tuner decides), at
-    # D=64 0.87-0.91x, reading dS for twice the heads a FLOP
-    # (benchmarks/results/ds-matmul/causal-bands-v39*).
+    # Under a causal mask dq_mode matmul's dQ kernel reads the key blocks each 128 queries see,
+    # whose skipped tiles the dK/dV kernel zeroes (perf-notes v39, v45): at D=128 it measured
+    # 1.04-1.08x the shipped causal backward on the H200 from N=4k with batched matmuls by
+    # bands, faster still with the dQ kernel (the tuner decides); at D=64, 0.94-0.96x the
+    # shipped one at N=4k and 16k with the dQ kernel (0.87-0.91x before), reading dS for twice
+    # the heads a FLOP (benchmarks/results/ds-matmul/causal-bands-v39*, results/dq-ds/).
     if params.dq_mode == "matmul" and spec.mask == "causal" and spec.head_dim != 128:
         return "dq_mode matmul measured slower than the other backwards under a causal mask at D=64"
     return None
