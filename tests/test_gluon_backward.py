@@ -53,7 +53,7 @@ def test_gluon_points_render_their_kernels(gluon, kernels):
     assert len(bodies) == 1  # tiles and stages are constexprs, not code
 
 
-def test_dq_mode_matmul_renders_the_dkdv_kernel_with_its_ds_store():
+def test_dq_mode_matmul_renders_the_dkdv_kernel_with_its_ds_store_and_the_dq_kernel_over_it():
     points = [p for p in param_space(BWD) if p.dq_mode == "matmul"]
     assert points and all(p.gluon == 1 for p in points) and len(points) == 2 * 2 * 4
     sources = {render(BWD, p, name="x") for p in points}
@@ -63,8 +63,11 @@ def test_dq_mode_matmul_renders_the_dkdv_kernel_with_its_ds_store():
     kernel = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "attn_bwd_dkdv")
     assert [a.arg for a in kernel.args.args][:9] == ["Q", "K", "V", "DO", "DK", "DV", "DST", "LSE", "DELTA"]
     assert "DS_OUT = gl.constexpr(True)" in src and "attn_bwd_dq(" not in src
+    kernels = [n.name for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+    assert kernels == ["attn_bwd_dkdv", "attn_bwd_dq_ds"]
     separate = render(BWD, G64, name="x")
     assert "DS_OUT = gl.constexpr(False)" in separate and "DST" not in separate.split("def attn_bwd_dkdv", 1)[1][:200]
+    assert "attn_bwd_dq_ds" not in separate
 
 
 def test_the_backward_hash_covers_the_gluon_template():
@@ -388,9 +391,11 @@ class _MathKernels(_Kernels):
     @staticmethod
     def _attn_bwd_dq_ds(chunks, grid, DST, K, DQ, stride_b, stride_h, stride_n, hq, group, nq, nk, HEAD_DIM,
                         **launch):
-        assert (stride_b, stride_h, stride_n) == DQ.stride()[:3] and DQ.shape[-1] == HEAD_DIM
+        assert (stride_b, stride_h, stride_n) == DQ.stride()[:3] and DQ.shape[-1] == HEAD_DIM and DQ.stride(-1) == 1
+        # the chunk's query heads, each of its k/v heads' group; a grid the GPU takes
+        assert hq == DQ.shape[1] == DST.base.shape[1] and group == hq // K.base.shape[1]
         keys, rows = DST.block_shape[2:]
-        assert grid == (-(-nq // rows), DQ.shape[0] * hq) and K.block_shape[2] == keys
+        assert grid == (-(-nq // rows), DQ.shape[0] * hq) and grid[1] <= 65535 and K.block_shape[2] == keys
         ds, k = DST.base.float(), K.base.float().repeat_interleave(group, 1)
         for q0 in range(0, nq, rows):  # a program's queries; causal: the key blocks its last query sees
             end = -(-min(max(q0 + rows + nk - nq, 0), nk) // keys) * keys if chunks.causal else nk
@@ -400,13 +405,14 @@ class _MathKernels(_Kernels):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("nq,nk", [(37, 50), (100, 100), (150, 90)])
 @pytest.mark.parametrize("heads,chunks", [(None, 1), (4, 2), (1, 6)], ids=["whole", "batches", "heads"])
-@pytest.mark.parametrize("ds_rows", [128, 32], ids=["one-program", "programs"])
+@pytest.mark.parametrize("ds_rows", [128, 64, 32], ids=["one-program", "programs", "programs-no-zeros"])
 def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal, nq, nk, heads, chunks, ds_rows):
     # B=3, Hq=6 over Hkv=2 (GQA); the scratch bounded to ``heads`` k/v heads' dS. At Nq = Nk =
     # 100 the second 64-key block's causal loop skips query blocks 0 and 1: dQ's kernel reads
-    # those tiles, which must be zeros, not what torch.empty gives (NaN here). With 32 queries
-    # a dQ program, up to 5 of them, the dK/dV kernel zeroes only those in a skipped block's
-    # program; at Nq = 150 > Nk = 90 the first program's queries see no key at all.
+    # those tiles, which must be zeros, not what torch.empty gives (NaN here). With 64 queries
+    # a dQ program (two of the dK/dV kernel's 32-query blocks) the dK/dV kernel zeroes only
+    # those in a skipped block's program; with 32 (its own blocks) none; at Nq = 150 > Nk = 90
+    # the first program's queries see no key at all.
     import fa2gen.runtime.backward as bwd
     import fa2gen.runtime.launch as launch
     from fa2gen.runtime.problem import make_problem
@@ -446,9 +452,43 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
         torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("batch,hq,hkv", [(4096, 16, 1), (8192, 16, 2), (70000, 1, 1), (1, 65535, 1)])
+def test_ds_chunks_keep_the_dq_kernels_grid_within_the_gpus_limit(batch, hq, hkv):
+    # dQ's kernel takes a program row per query head of its chunk: GQA multiplies the k/v
+    # heads a chunk holds by the group, and a chunk of whole batches must stay within 65535
+    import fa2gen.runtime.backward as bwd
+    from fa2gen.runtime.problem import make_problem
+
+    q = torch.empty(batch, hq, 64, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(batch, hkv, 64, 128, dtype=torch.bfloat16, device="meta")
+    problem = make_problem(q, k, k)
+    chunks = bwd.ds_chunks(problem, bwd.DS_SCRATCH_BYTES)
+    rows = [(bs.stop - bs.start) * (hs.stop - hs.start) * problem.group for bs, hs in chunks]
+    assert max(rows) <= 65535 and sum(rows) == batch * hq  # every query head once
+    assert all(bwd.ds_head_bytes(problem) * r // problem.group <= bwd.DS_SCRATCH_BYTES for r in rows)
+
+
+def test_preallocated_gradients_are_checked_before_anything_runs():
+    import fa2gen.runtime.backward as bwd
+    from fa2gen.runtime.problem import make_problem
+
+    q, k, v, out, dout = (torch.randn(2, 3, 40, 64, dtype=torch.bfloat16) for _ in range(5))
+    launch = bwd.BackwardLaunch(make_problem(q, k, v), G64)
+    lse = torch.randn(2, 3, 40)
+    with pytest.raises(ValueError, match="dq must have a contiguous last dim"):
+        launch.run(q, k, v, out, lse, dout, dq=torch.empty(2, 3, 64, 40, dtype=torch.bfloat16).transpose(-1, -2))
+    with pytest.raises(ValueError, match="dk must have its input's shape"):
+        launch.run(q, k, v, out, lse, dout, dk=torch.empty(2, 3, 41, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="dv must have its input's shape .* dtype torch.bfloat16"):
+        launch.run(q, k, v, out, lse, dout, dv=torch.empty(2, 3, 40, 64, dtype=torch.float16))
+    with pytest.raises(TypeError, match="dq must be a torch.Tensor or None"):
+        launch.run(q, k, v, out, lse, dout, dq=[0.0])
+
+
 def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):
     # A chunk holds at least one k/v head's dS: where that alone passes the bound (long
-    # sequences), the launch keeps the dQ kernel instead of allocating past it
+    # sequences), the launch keeps the dQ kernel instead of allocating past it; so it does
+    # where one k/v head's query heads pass the rows of dQ's grid
     import fa2gen.runtime.backward as bwd
     from fa2gen.runtime.problem import make_problem
 
@@ -460,6 +500,11 @@ def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):
     monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", bwd.ds_head_bytes(problem) - 1)
     kept = bwd.BackwardLaunch(problem, matmul)
     assert not kept.ds_matmul and kept.gluon.dq_mode == "separate"
+    # (and where one k/v head's group alone passes a grid's rows)
+    monkeypatch.setattr(bwd, "GRID_Y_MAX", 3)
+    monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", 1 << 30)
+    assert not bwd.BackwardLaunch(make_problem(q, k[:, :1], v[:, :1]), matmul).ds_matmul
+    assert bwd.BackwardLaunch(make_problem(q, k[:, :2], v[:, :2]), matmul).ds_matmul
 
 
 

@@ -65,7 +65,8 @@ class Cell:
 
 def variants_row(c: Cell, title: str, variants, **fields) -> dict:
     """Each (name, params) of ``variants`` on cell ``c``: checked, timed and split into its
-    kernels by the profiler (ms per call: dK/dV, dQ, cuBLAS's dQ matmul, delta, the rest), with
+    kernels by the profiler (ms per call: dK/dV, dQ (any kernel named attn_bwd_dq*: from v45
+    on also dq_mode matmul's), cuBLAS's dQ matmul (dq_mode matmul before v45), delta, the rest), with
     cuDNN's backward timed after them; a row for show_variants, holding ``fields`` too."""
     row = {"cell": title, **fields, "ms": {}, "ok": {}, "split": {}}
     for name, params in variants:

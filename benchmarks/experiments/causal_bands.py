@@ -8,6 +8,9 @@ sub-batch, then timed with do_bench (L2 flushed, median) next to SDPA cuDNN's ba
 same process; the matmul forms' kernels come from the PyTorch profiler (attn_bwd_dkdv; nvjet:
 cuBLAS's dQ matmuls; elementwise: the zeroing of skipped tiles and dQ's copy out of fp32).
 
+It measures the package before v45, which replaced the bands and cuBLAS's matmuls with a
+Gluon dQ kernel (attn_bwd_dq_ds): on a later one the band count it sets does nothing.
+
 usage: python benchmarks/experiments/causal_bands.py --out OUT.json [--dtype fp16]
 """
 

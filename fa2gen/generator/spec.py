@@ -116,9 +116,9 @@ class TuningParams:
         kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed);
         "tma_reduce" does the same with one bulk reduction per tile through a host
         descriptor (sm90+, with loads="tma_host"); "matmul" (gluon=1) has the Gluon dK/dV
-        kernel store each step's dS tile, and dQ is then one batched matmul dS K, nothing
-        computed twice, at the cost of a scratch of 2 * Nq * Nk bytes per query head (the
-        backward runs in chunks of batches or heads that bound it).
+        kernel store each step's dS tile, and a Gluon kernel of its own then computes dQ = dS
+        K over it, nothing computed twice, at the cost of a scratch of 2 * Nq * Nk bytes per
+        query head (the backward runs in chunks of batches or heads that bound it).
     persistent (forward only): 0 launches one program per (query block, batch * head) tile;
         1 or 2 launch that many programs per SM, each walking tiles in turn, the heaviest
         causal tiles of every head first.

@@ -10,8 +10,8 @@ from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows
 from . import direct
 from .interpreter import patch_interpreter
-from .launch import (GluonDevices, effective_params, gluon_descriptor, host_descriptor, tma_compatible,
-                     window_extents)
+from .launch import (GRID_Y_MAX, GluonDevices, effective_params, gluon_descriptor, host_descriptor,
+                     tma_compatible, window_extents)
 from .problem import Problem
 
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
@@ -51,8 +51,9 @@ class BackwardLaunch:
         # dq_mode matmul: dQ by a matmul over its dS instead); the rest from the Triton
         # template on the same tiles (``params`` holds those, and is the fallback's).
         # dq_mode matmul needs a k/v head's dS within the scratch bound (a chunk holds at least
-        # one): else it runs as dq_mode separate
-        if params.dq_mode == "matmul" and ds_head_bytes(problem) > DS_SCRATCH_BYTES:
+        # one), and its query heads within a grid's rows (dQ's kernel takes a row per query
+        # head): else it runs as dq_mode separate
+        if params.dq_mode == "matmul" and (ds_head_bytes(problem) > DS_SCRATCH_BYTES or problem.group > GRID_Y_MAX):
             params = params.replace(dq_mode="separate")
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
@@ -134,7 +135,7 @@ class BackwardLaunch:
         return self._fallback
 
     def _runs_here(self, q, k, v, dout, dq, dk, dv) -> bool:
-        if self.gluon is not None:  # (dq_mode matmul: torch writes dQ)
+        if self.gluon is not None:  # (dq_mode matmul: dQ's kernel writes it through pointers)
             read = (q, k, v, dout, dk, dv) if self.ds_matmul else (q, k, v, dout, dq, dk, dv)
             return self._gluon_devices(q.device) and tma_compatible(*read)
         return self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, dout, dq, dk, dv)
@@ -163,6 +164,8 @@ class BackwardLaunch:
             dout = dout.to(out.dtype)
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
+        for name, given, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            _check_gradient_buffer(name, given, like)
         dq = torch.empty_like(q) if dq is None else dq
         dk = torch.empty_like(k) if dk is None else dk
         dv = torch.empty_like(v) if dv is None else dv
@@ -234,6 +237,20 @@ class BackwardLaunch:
         return dq, dk, dv
 
 
+def _check_gradient_buffer(name: str, given, like) -> None:
+    # A preallocated gradient is written in place by every path, the kernels' pointer stores
+    # included: it must look like the input it is the gradient of, last dim contiguous.
+    if given is None:
+        return
+    if not isinstance(given, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(given).__name__}")
+    if given.shape != like.shape or given.dtype != like.dtype or given.device != like.device:
+        raise ValueError(f"{name} must have its input's shape {tuple(like.shape)}, dtype {like.dtype} and device "
+                         f"{like.device}, got {tuple(given.shape)}, {given.dtype} on {given.device}")
+    if given.shape[-1] > 1 and given.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(given.stride())}")
+
+
 def ds_head_bytes(problem: Problem) -> int:
     """dq_mode matmul's dS scratch for one k/v head: 2 bytes per query-key pair of its query
     heads, rows padded to 8 queries."""
@@ -242,9 +259,10 @@ def ds_head_bytes(problem: Problem) -> int:
 
 def ds_chunks(problem: Problem, limit: int) -> list[tuple[slice, slice]]:
     """dq_mode matmul's chunks, as (batches, k/v heads) slices, each holding at most ``limit``
-    bytes of dS scratch, or one k/v head."""
+    bytes of dS scratch, or one k/v head, and at most GRID_Y_MAX query heads in all (dQ's
+    kernel takes a program row per query head of its chunk)."""
     b, hkv = problem.batch, problem.heads_kv
-    heads = max(1, limit // ds_head_bytes(problem))
+    heads = max(1, min(limit // ds_head_bytes(problem), GRID_Y_MAX // problem.group))
     if heads >= hkv:
         step = heads // hkv
         return [(slice(i, min(i + step, b)), slice(0, hkv)) for i in range(0, b, step)]

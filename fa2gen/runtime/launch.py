@@ -62,7 +62,7 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
 
 
 # A plain Gluon grid puts batch * heads on its second axis, which CUDA caps.
-_GRID_Y_MAX = 65535
+GRID_Y_MAX = 65535
 
 
 def gluon_device_ready(problem: Problem, device: torch.device, *, persistent: int = 0,
@@ -73,7 +73,7 @@ def gluon_device_ready(problem: Problem, device: torch.device, *, persistent: in
     query heads, or the backward's k/v heads)."""
     heads = problem.heads_q if heads is None else heads
     tiles_fit = (problem.batch * problem.heads_q * problem.seqlen_q < 2**31 if persistent
-                 else problem.batch * heads <= _GRID_Y_MAX)
+                 else problem.batch * heads <= GRID_Y_MAX)
     if interpreting() or device.type != "cuda" or not tiles_fit:
         return False
     from .device import cuda_device_info
