@@ -12,7 +12,7 @@ from . import direct
 from .interpreter import patch_interpreter
 from .launch import (GRID_Y_MAX, GluonDevices, effective_params, gluon_descriptor, host_descriptor,
                      tma_compatible, window_extents)
-from .problem import Problem
+from .problem import Problem, _check_tensor
 
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
 # whole batch elements where they fit, else heads of one batch element.
@@ -164,8 +164,10 @@ class BackwardLaunch:
             dout = dout.to(out.dtype)
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
-        for name, given, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-            _check_gradient_buffer(name, given, like)
+        if dq is not None or dk is not None or dv is not None:  # (preallocated: the tests, the tuner)
+            for name, given, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+                if given is not None:
+                    _check_gradient_buffer(name, given, like)
         dq = torch.empty_like(q) if dq is None else dq
         dk = torch.empty_like(k) if dk is None else dk
         dv = torch.empty_like(v) if dv is None else dv
@@ -239,16 +241,14 @@ class BackwardLaunch:
 
 def _check_gradient_buffer(name: str, given, like) -> None:
     # A preallocated gradient is written in place by every path, the kernels' pointer stores
-    # included: it must look like the input it is the gradient of, last dim contiguous.
-    if given is None:
-        return
+    # included: it must look like the input it is the gradient of, last dim contiguous (the
+    # inputs' own check).
     if not isinstance(given, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(given).__name__}")
+    _check_tensor(name, given)
     if given.shape != like.shape or given.dtype != like.dtype or given.device != like.device:
         raise ValueError(f"{name} must have its input's shape {tuple(like.shape)}, dtype {like.dtype} and device "
                          f"{like.device}, got {tuple(given.shape)}, {given.dtype} on {given.device}")
-    if given.shape[-1] > 1 and given.stride(-1) != 1:
-        raise ValueError(f"{name} must have a contiguous last dim (stride 1), got strides {tuple(given.stride())}")
 
 
 def ds_head_bytes(problem: Problem) -> int:
