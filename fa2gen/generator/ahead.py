@@ -133,9 +133,10 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90",
 
     if params.gluon:
         gluon_kernels = _gluon_kernels(spec, params)
-        if spec.direction == "bwd":  # delta (gluon=1 without dq_mode matmul: and dQ) from the Triton template
+        if spec.direction == "bwd":  # delta (gluon=1 without dq_mode matmul: and dQ, or atomic: its store) from the Triton template
             skip = gluon_kernels + (("attn_bwd_dq",) if params.dq_mode == "matmul" else ())
-            yield from compiled_kernels(spec, params.replace(gluon=0, dq_mode="separate"), arch, skip=skip)
+            triton_mode = "atomic" if params.dq_mode == "atomic" else "separate"  # atomic: its dQ store pass
+            yield from compiled_kernels(spec, params.replace(gluon=0, dq_mode=triton_mode), arch, skip=skip)
         module = load_module(spec, params)
         for name in gluon_kernels:
             yield name, _compile_gluon(module, spec, params, arch, name)
@@ -175,7 +176,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
             box = boxes[name]
             signature[name] = (f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],"
                                f"{descriptor_layout(box, dtype)!r}>")
-        elif name in ("LSE", "DELTA") or name.startswith("DESCALE"):
+        elif name in ("LSE", "DELTA", "DQACC") or name.startswith("DESCALE"):
             signature[name] = "*fp32"
         elif name == "DQ_PTR":
             signature[name] = f"*{_TRITON_TYPES[spec.dtype]}"
@@ -184,7 +185,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
         else:
             signature[name] = "i32"
     keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR")
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQACC", "DQ_PTR")
              if name in fn.arg_names}
     source = GluonASTSource(fn, signature, keys, attrs)
     options = dict(module.LAUNCH)

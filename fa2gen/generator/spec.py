@@ -248,9 +248,11 @@ def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None
         return "the Gluon backward kernels take no mask or a causal one, without softcap"
     if spec.head_dim not in GLUON_HEAD_DIMS:
         return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-    if params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul"):
-        return ("the Gluon backward kernels read through host descriptors, dQ in its own kernel or by a matmul: "
-                "loads=tma_host, dq_mode=separate or matmul")
+    if params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul", "atomic"):
+        return ("the Gluon backward kernels read through host descriptors, dQ in its own kernel, by a matmul or "
+                "added from the dK/dV kernel: loads=tma_host, dq_mode=separate, matmul or atomic")
+    if params.dq_mode == "atomic" and params.gluon != 1:
+        return "dq_mode atomic adds dQ from the Gluon dK/dV kernel: it needs gluon=1"
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
         return f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps (dK/dV: keys, queries; dQ: queries, keys)"
     if params.num_warps != params.block_m // 16:

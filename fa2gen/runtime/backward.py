@@ -40,7 +40,7 @@ class BackwardLaunch:
     the tensors live: built once per call shape and reused, so that a call pays for its
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
-    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "ds_matmul", "ds_chunks",
+    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "dq_add", "ds_matmul", "ds_chunks",
                  "modules", "scalars", "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices",
                  "_direct")
 
@@ -58,7 +58,12 @@ class BackwardLaunch:
         self.gluon = params if params.gluon else None
         self.ds_matmul = params.dq_mode == "matmul"
         self.ds_chunks = ds_chunks(problem, DS_SCRATCH_BYTES) if self.ds_matmul else []
-        self.params = params = params.replace(gluon=0, dq_mode="separate") if params.gluon else params
+        # (gluon=1, dq_mode atomic: the Gluon dK/dV kernel adds dQ; the Triton module's store
+        # pass scales and casts the sums)
+        self.dq_add = params.gluon == 1 and params.dq_mode == "atomic"
+        if params.gluon:
+            params = params.replace(gluon=0, dq_mode="atomic" if self.dq_add else "separate")
+        self.params = params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
         self.modules = None  # loaded on the first run: the interpreter check happens there
@@ -212,7 +217,7 @@ class BackwardLaunch:
             run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"],
                 *[gluon_descriptor(t, box, layout)
                   for t, (box, layout) in zip((q, k, v, dout, dk, dv), boxes["attn_bwd_dkdv"])],
-                lse, delta, hkv, problem.group, nq, nk, problem.sm_scale, **shape)
+                *((dq_acc,) if self.dq_add else ()), lse, delta, hkv, problem.group, nq, nk, problem.sm_scale, **shape)
             if self.gluon.gluon == 2:
                 run(gluon_module.attn_bwd_dq, grids["gluon_dq"],
                     *[gluon_descriptor(t, box, layout)
