@@ -19,6 +19,10 @@ CELLS = [(128, 4096, False), (128, 16384, False), (128, 4096, True), (64, 4096, 
 VARIANTS = {
     "128x64 one pass": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host",
                                     dq_mode="atomic", gluon=1),
+    "128x32 one pass s3": TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host",
+                                       dq_mode="atomic", gluon=1),
+    "128x32 one pass s4": TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=4, loads="tma_host",
+                                       dq_mode="atomic", gluon=1),
 }
 
 

@@ -189,6 +189,7 @@ GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", dq_mode="matmul", gluon=1),
     TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul", gluon=1),
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", dq_mode="atomic", gluon=1),
+    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host", dq_mode="atomic", gluon=1),
 )
 
 
