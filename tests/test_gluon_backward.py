@@ -25,7 +25,11 @@ G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma
     (KernelSpec(direction="bwd", head_dim=64, softcap=True), G64, "softcap"),
     (KernelSpec(direction="bwd", head_dim=96), G64, "head dims"),
     (BWD, G64.replace(loads="pointer"), "tma_host"),
-    (BWD, G64.replace(dq_mode="atomic"), "dq_mode=separate"),
+    (BWD, G64.replace(dq_mode="tma_reduce"), "dq_mode=separate"),
+    (BWD, G64.replace(dq_mode="atomic"), "takes 128 keys a program"),
+    (KernelSpec(direction="bwd", head_dim=64), G64.replace(block_m=128, num_warps=8, block_n=32, dq_mode="atomic"),
+     "64 queries a step below D=128"),
+    (BWD, G64.replace(dq_mode="atomic", gluon=2), "needs gluon=1"),
     (BWD, G64.replace(block_n=128), "steps"),
     (BWD, G64.replace(num_warps=8), "16 keys each"),
     (BWD, G64.replace(num_stages=1), "num_stages >= 2"),
@@ -67,7 +71,7 @@ def test_dq_mode_matmul_renders_the_dkdv_kernel_with_its_ds_store_and_the_dq_ker
     assert kernels == ["attn_bwd_dkdv", "attn_bwd_dq_ds"]
     separate = render(BWD, G64, name="x")
     assert "DS_OUT = gl.constexpr(False)" in separate and "DST" not in separate.split("def attn_bwd_dkdv", 1)[1][:200]
-    assert "attn_bwd_dq_ds" not in separate
+    assert "def attn_bwd_dq_ds" not in separate
 
 
 def test_the_backward_hash_covers_the_gluon_template():
@@ -173,10 +177,11 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
-    # dq_mode matmul's not measured under a causal mask at D=64, where it ran slower
+    # dq_mode matmul's not measured under a causal mask at D=64, where it ran slower; the one
+    # pass (dq_mode atomic) takes 64 queries a step there
     short = Bucket.parse("bwd/bf16/d64/causal/sc0/g1/q4096/k4096/bh128")
-    assert gluon_candidates(space, short.kernel_spec(), short) == [p for p in GLUON_BWD_CANDIDATES
-                                                                   if p.dq_mode == "separate"]
+    assert gluon_candidates(space, short.kernel_spec(), short) == [
+        p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "separate" or (p.dq_mode == "atomic" and p.block_n == 64)]
     full = Bucket.parse("bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, full.kernel_spec(), full) == list(GLUON_BWD_CANDIDATES)
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
