@@ -106,6 +106,10 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # bands, faster still with the dQ kernel (the tuner decides); at D=64, 0.94-0.96x the
     # shipped one at N=4k and 16k with the dQ kernel (0.87-0.91x before), reading dS for twice
     # the heads a FLOP (benchmarks/results/ds-matmul/causal-bands-v39*, results/dq-ds/).
+    # The Triton dK/dV kernel's dQ atomics lost every bucket of the H200 re-tune (see BWD_SPACES);
+    # on sm90 dq_mode atomic is the Gluon one pass (perf-notes v47) only.
+    if space.arch == "sm90" and params.dq_mode == "atomic" and params.gluon != 1:
+        return "dq_mode atomic on sm90 is the Gluon one pass (gluon=1); the Triton kernel's atomics lost every bucket"
     if params.dq_mode == "matmul" and spec.mask == "causal" and spec.head_dim != 128:
         return "dq_mode matmul measured slower than the other backwards under a causal mask at D=64"
     return None
@@ -125,7 +129,7 @@ BWD_SPACES = {
     arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
                       (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
                       ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
-                      ("separate", "matmul") if arch == "sm90" else ("separate", "atomic"),
+                      ("separate", "matmul", "atomic") if arch == "sm90" else ("separate", "atomic"),
                       gluon=(0, 1, 2) if arch == "sm90" else (0,))
     for arch in SPACES
 }
