@@ -184,7 +184,8 @@ GLUON_CANDIDATES = (
 # blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal). dq_mode matmul on
 # 64 x 64 tiles, which ran D=128 non-causal backwards 1.06-1.14x faster than the shipped ones
 # on the H200 (benchmarks/results/ds-matmul/), and on 64 x 32 with three stages; on 128 x 32
-# it lost to both (0.80-0.87x the shipped).
+# it lost to both (0.80-0.87x the shipped). dq_mode atomic, the one pass (perf-notes v47), on
+# 128 keys and 64 queries a step; 128 x 32 steps ran it 1.2x slower (v47b).
 GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
@@ -193,7 +194,6 @@ GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", dq_mode="matmul", gluon=1),
     TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul", gluon=1),
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", dq_mode="atomic", gluon=1),
-    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host", dq_mode="atomic", gluon=1),
 )
 
 
