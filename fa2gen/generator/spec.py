@@ -253,9 +253,9 @@ def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None
                 "added from the dK/dV kernel: loads=tma_host, dq_mode=separate, matmul or atomic")
     if params.dq_mode == "atomic" and params.gluon != 1:
         return "dq_mode atomic adds dQ from the Gluon dK/dV kernel: it needs gluon=1"
-    if params.dq_mode == "atomic" and (params.block_m != 128 or (spec.head_dim < 128 and params.block_n < 64)):
-        return ("dq_mode atomic's Gluon kernel takes 128 keys a program (two 64-key compute partitions), and 64 "
-                "queries a step below D=128 (a half of dQ's head dim is a wgmma's rows only at D=128)")
+    if params.dq_mode == "atomic" and (params.block_m != 128 or params.block_n != 64):
+        return ("dq_mode atomic's Gluon kernel takes 128 keys a program (two 64-key compute partitions) and 64 "
+                "queries a step (the rows of its worker's dQ matmul, one warp group's wgmma)")
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
         return f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps (dK/dV: keys, queries; dQ: queries, keys)"
     if params.num_warps != params.block_m // 16:
