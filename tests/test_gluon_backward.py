@@ -123,13 +123,16 @@ SPILL_ALLOWED = {("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64", "m64 n64 w4 s2
 def test_compiles_for_sm90_without_spills_in_loops():
     """The candidates the tuner measures, each bucket's: their three kernels (delta from the
     Triton template, dK/dV in Gluon, dQ in Gluon with gluon=2, from the Triton template with
-    gluon=1, or over the stored dS in Gluon with dq_mode matmul). None spills but the one
+    gluon=1, over the stored dS in Gluon with dq_mode matmul, or with dq_mode atomic the
+    Triton pass that scales and casts the one pass's sums). None spills but the one
     SPILL_ALLOWED names, and no kernel touches local memory inside a loop."""
     got = compiled_child(_CHILD)
-    assert len(got) == 3 * len(GLUON_BWD_CANDIDATES)  # matmul is measured under the causal mask at D=128
+    # matmul is measured under the causal mask at D=128, the one pass (one candidate) at D=64 only
+    assert len(got) == 3 * len(GLUON_BWD_CANDIDATES) - 2
     spilled = set()
     for k in got:
-        dq = {"attn_bwd_dq_ds"} if "dq-matmul" in k["label"] else {"attn_bwd_dq"}
+        dq = ({"attn_bwd_dq_ds"} if "dq-matmul" in k["label"] else
+              {"attn_bwd_dq_store"} if "dq-atomic" in k["label"] else {"attn_bwd_dq"})
         assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dkdv"} | dq, k
         for name, (spill, in_loops) in k["kernels"].items():
             assert in_loops == 0, k
@@ -177,14 +180,16 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
     assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
-    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == list(GLUON_BWD_CANDIDATES)
+    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [p for p in GLUON_BWD_CANDIDATES
+                                                                     if p.dq_mode != "atomic"]
     # dq_mode matmul's not measured under a causal mask at D=64, where it ran slower; the one
-    # pass (dq_mode atomic) takes 64 queries a step there
+    # pass (dq_mode atomic) only at D=64
     short = Bucket.parse("bwd/bf16/d64/causal/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, short.kernel_spec(), short) == [
-        p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "separate" or (p.dq_mode == "atomic" and p.block_n == 64)]
+        p for p in GLUON_BWD_CANDIDATES if p.dq_mode in ("separate", "atomic")]
     full = Bucket.parse("bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
-    assert gluon_candidates(space, full.kernel_spec(), full) == list(GLUON_BWD_CANDIDATES)
+    assert gluon_candidates(space, full.kernel_spec(), full) == [p for p in GLUON_BWD_CANDIDATES
+                                                                 if p.dq_mode != "atomic"]
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, other.kernel_spec(), other) == []
 

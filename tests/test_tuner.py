@@ -411,9 +411,10 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert {p.loads for p in ev.compiled} <= {"pointer", "tma_host"}  # no in-kernel descriptors in its space
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     assert {t.params["block_n"] for t in study.trials} & {16}  # short steps are in its space
-    # sm90 searches dQ in its own kernel and by a matmul over stored dS, the latter not under a
-    # causal mask at D=64 (this bucket)
-    assert {p.dq_mode for p in ev.compiled} == {"separate"}
+    # sm90 searches dQ in its own kernel, by a matmul over stored dS (not under a causal mask at
+    # D=64, this bucket) and, at D=64, added by the Gluon one pass
+    assert {p.dq_mode for p in ev.compiled} == {"separate", "atomic"}
+    assert all(p.gluon == 1 for p in ev.compiled if p.dq_mode == "atomic")
     first, *after = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number))
     # ... the default first, the Gluon dK/dV candidates, then the default's one-knob neighbours
     # that pass the static rules, in order
@@ -450,7 +451,8 @@ def test_backward_dq_twins_where_the_space_has_both_ways(tmp_path):
 def test_sm90_backward_studies_measure_dq_by_a_matmul_on_its_own_tiles(tmp_path):
     # dq_mode matmul runs on the Gluon dK/dV kernel's tiles, not as a twin of the Triton default
     # (whose 128 x 32 tiles it loses on): non-causal and causal studies at D=128 compile its
-    # candidates, a causal one at D=64 never tries it
+    # candidates, a causal one at D=64 never tries it (but tries the one pass, which D=128's
+    # studies do not)
     from fa2gen.tuner.run import _dq_twins
 
     space = space_for("sm90", "bwd")
@@ -461,10 +463,12 @@ def test_sm90_backward_studies_measure_dq_by_a_matmul_on_its_own_tiles(tmp_path)
     assert matmul and all(p in ev.compiled for p in matmul)
     causal = Bucket("bwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
     _, _, ev, _ = _tune(tmp_path / "causal", [causal], trials=8)
-    assert all(p in ev.compiled for p in matmul)
+    assert all(p in ev.compiled for p in matmul) and all(p.dq_mode != "atomic" for p in ev.compiled)
     short = Bucket("bwd", "fp16", 64, "causal", False, 1, 4096, 4096, 128)
     _, _, ev, _ = _tune(tmp_path / "short", [short], trials=8)
-    assert ev.compiled and all(p.dq_mode == "separate" for p in ev.compiled)
+    assert ev.compiled and all(p.dq_mode != "matmul" for p in ev.compiled)
+    one_pass = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "atomic"]
+    assert one_pass and all(p in ev.compiled for p in one_pass)
 
 
 def test_each_bucket_samples_its_own_random_points(tmp_path):
@@ -511,13 +515,14 @@ def test_local_moves_are_one_knob_steps():
     moves = local_moves(space, p)
     assert moves == [p.replace(block_n=16), p.replace(block_n=64), p.replace(num_stages=2), p.replace(num_stages=4),
                      p.replace(loads="tma_host"), p.replace(num_warps=4), p.replace(num_warps=16), p.replace(block_m=64),
-                     p.replace(block_m=256), p.replace(dq_mode="matmul"), p.replace(gluon=1), p.replace(gluon=2)]
+                     p.replace(block_m=256), p.replace(dq_mode="matmul"), p.replace(dq_mode="atomic"), p.replace(gluon=1),
+                     p.replace(gluon=2)]
     # ends of a range move one way only; values outside the space are not proposed
     edge = TuningParams(16, 16, 4, 1, "pointer")
     assert local_moves(space, edge) == [edge.replace(block_n=32), edge.replace(num_stages=2),
                                         edge.replace(loads="tma_host"), edge.replace(num_warps=8),
-                                        edge.replace(block_m=32), edge.replace(dq_mode="matmul"), edge.replace(gluon=1),
-                                        edge.replace(gluon=2)]
+                                        edge.replace(block_m=32), edge.replace(dq_mode="matmul"),
+                                        edge.replace(dq_mode="atomic"), edge.replace(gluon=1), edge.replace(gluon=2)]
     sm80 = space_for("sm80", "bwd")
     p80 = TuningParams(64, 64, 4, 3, "pointer")
     assert local_moves(sm80, p80) == [p80.replace(block_n=32), p80.replace(block_n=128), p80.replace(num_stages=2),
