@@ -107,7 +107,7 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # shipped one at N=4k and 16k with the dQ kernel (0.87-0.91x before), reading dS for twice
     # the heads a FLOP (benchmarks/results/ds-matmul/causal-bands-v39*, results/dq-ds/).
     # The Triton dK/dV kernel's dQ atomics lost every bucket of the H200 re-tune (see BWD_SPACES);
-    # on sm90 dq_mode atomic is the Gluon one pass (perf-notes v47) only.
+    # on sm90 dq_mode atomic is the Gluon one pass (perf-notes v47, v48) only.
     if space.arch == "sm90" and params.dq_mode == "atomic" and params.gluon != 1:
         return "dq_mode atomic on sm90 is the Gluon one pass (gluon=1); the Triton kernel's atomics lost every bucket"
     # The one pass at D=128: its compute partitions need more registers than the worker's dQ
@@ -127,7 +127,8 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 # the same tiles' separate kernel (benchmarks/results/dq-modes-h200.md). They stay available
 # to `fa2gen generate` and attention(), only no longer searched there; other arches keep
 # both ways until measured. dq_mode matmul (sm90, the Gluon dK/dV kernel storing dS for one dQ
-# matmul, perf-notes v36) is searched. 16 warps on sm90: every one tried so far lost (0.40x its
+# matmul, perf-notes v36) is searched, and dq_mode atomic as the Gluon one pass only (gluon=1,
+# D=64: perf-notes v48). 16 warps on sm90: every one tried so far lost (0.40x its
 # bucket's winner at best), but none had 128x64 tiles and 3 stages, FlexAttention's D=128
 # Hopper tile (with 8 warps in torch 2.13's heuristics); the default's one-knob moves reach it.
 BWD_SPACES = {
@@ -189,8 +190,9 @@ GLUON_CANDIDATES = (
 # blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal). dq_mode matmul on
 # 64 x 64 tiles, which ran D=128 non-causal backwards 1.06-1.14x faster than the shipped ones
 # on the H200 (benchmarks/results/ds-matmul/), and on 64 x 32 with three stages; on 128 x 32
-# it lost to both (0.80-0.87x the shipped). dq_mode atomic, the one pass (perf-notes v47), on
-# 128 keys and 64 queries a step; 128 x 32 steps ran it 1.2x slower (v47b).
+# it lost to both (0.80-0.87x the shipped). dq_mode atomic, the one pass (perf-notes v47, v48),
+# on 128 keys and 64 queries a step (the only tile it takes); 128 x 32 steps ran v47's form 1.2x
+# slower (v47b).
 GLUON_BWD_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
