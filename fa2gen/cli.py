@@ -43,7 +43,8 @@ def generate(
     num_stages: int = 2,
     loads: Annotated[str, typer.Option(help="pointer, tma_host, or tma_device (fwd only)")] = "pointer",
     dq_mode: Annotated[str, typer.Option(
-        help="bwd only: separate (own dQ kernel), atomic, tma_reduce (needs --loads tma_host), or matmul "
+        help="bwd only: separate (own dQ kernel), atomic (with --gluon 1: the one-pass Gluon kernel, "
+             "--block-m 128 --block-n 64 --num-warps 8), tma_reduce (needs --loads tma_host), or matmul "
              "(over the dS the Gluon dK/dV kernel stores; needs --gluon 1)")] = "separate",
     persistent: Annotated[int, typer.Option(
         help="fwd only: 0 (one program per tile), or 1 or 2 programs per SM walking the tiles")] = 0,

@@ -105,22 +105,39 @@ def test_deterministic_flag_is_checked():
         fa2gen.attention(q, k, v, deterministic=1)
 
 
-def _atomic_dispatch_spied(monkeypatch) -> list:
-    """Dispatch a backward config that adds dQ with atomics; returns the list where the
-    dq_mode of each backward launch autograd builds is recorded."""
+def _atomic_dispatch_spied(monkeypatch, atomic=None, record=lambda params: params.dq_mode) -> list:
+    """Dispatch a backward config that adds dQ with atomics; returns the list where
+    ``record`` of each backward launch's params autograd builds is kept (its dq_mode)."""
     import fa2gen.runtime.autograd as autograd
 
-    atomic = TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic")
+    atomic = atomic or TuningParams(block_m=32, block_n=16, num_warps=4, num_stages=1, dq_mode="atomic")
     monkeypatch.setattr(autograd, "select_params", lambda problem, dev, direction: atomic)
     built = []
     real = autograd.BackwardLaunch
 
     def spy(problem, params):
-        built.append(params.dq_mode)
+        built.append(record(params))
         return real(problem, params)
 
     monkeypatch.setattr(autograd, "BackwardLaunch", spy)
     return built
+
+
+def test_a_deterministic_backward_runs_the_default_where_the_one_pass_is_tuned(monkeypatch):
+    """The one pass (dq_mode atomic on the Gluon kernel's 128 x 64 tiles) has no dQ kernel of
+    its own on those tiles: a deterministic backward runs the default backward instead."""
+    from fa2gen.runtime.defaults import default_params
+
+    one_pass = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host",
+                            dq_mode="atomic", gluon=1)
+    seen = _atomic_dispatch_spied(monkeypatch, one_pass, record=lambda params: params)
+    q, k, v = (t.requires_grad_() for t in rand_qkv(1, 2, 1, 21, 30, 64, seed=16))
+    out = fa2gen.attention(q, k, v, deterministic=True)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(17)).to(out.dtype)
+    out.backward(dout)
+    problem = make_problem(q, k, v)
+    assert seen == [default_params(problem.kernel_spec("bwd"), "cpu", 21).replace(dq_mode="separate")]
+    assert check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad).ok
 
 
 @pytest.mark.parametrize("how", ["flag", "torch", "neither"])

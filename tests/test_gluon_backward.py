@@ -28,8 +28,7 @@ G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma
     (BWD, G64.replace(dq_mode="tma_reduce"), "dq_mode=separate"),
     (BWD, G64.replace(dq_mode="atomic"), "takes 128 keys a program"),
     (KernelSpec(direction="bwd", head_dim=64), G64.replace(block_m=128, num_warps=8, block_n=32, dq_mode="atomic"),
-     "64 queries a step"),
-    (BWD, G64.replace(block_m=128, num_warps=8, block_n=32, dq_mode="atomic"), "64 queries a step"),
+     "takes 128 keys a program"),
     (BWD, G64.replace(dq_mode="atomic", gluon=2), "needs gluon=1"),
     (BWD, G64.replace(block_n=128), "steps"),
     (BWD, G64.replace(num_warps=8), "16 keys each"),
@@ -42,6 +41,25 @@ def test_rules_name_what_the_gluon_dkdv_kernel_cannot_do(spec, params, match):
     assert match in unsupported(spec, params)
     with pytest.raises(SpecError, match=match):
         render(spec, params, name="x")
+
+
+ONE_PASS = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", dq_mode="atomic",
+                        gluon=1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_one_pass_renders_one_dkdv_kernel_that_takes_the_fp32_sums(head_dim):
+    # 128 x 64 is the one tile the one pass takes, at both head dims; its kernel's arguments
+    # are in the order the launch passes them (runtime/backward.py)
+    spec = KernelSpec(direction="bwd", dtype="fp16", head_dim=head_dim)
+    assert unsupported(spec, ONE_PASS) is None
+    assert unsupported(spec, ONE_PASS.replace(block_n=32)) and unsupported(spec, ONE_PASS.replace(block_m=64, num_warps=4))
+    src = render(spec, ONE_PASS, name="x")
+    tree = ast.parse(src)
+    assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == ["attn_bwd_dkdv"]
+    kernel = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attn_bwd_dkdv")
+    assert [a.arg for a in kernel.args.args][:9] == ["Q", "K", "V", "DO", "DK", "DV", "DQACC", "LSE", "DELTA"]
+    assert 'LAUNCH = {"num_warps": 4, "maxnreg": 168}' in src
 
 
 @pytest.mark.parametrize("gluon,kernels", [(1, ["attn_bwd_dkdv"]), (2, ["attn_bwd_dkdv", "attn_bwd_dq"])])
@@ -199,6 +217,8 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
 ODD = [
     ((2, 6, 2, 200, 333, 64), True, "bhnd"),
     ((2, 6, 2, 333, 200, 64), True, "bhnd"),
+    ((2, 4, 2, 333, 257, 64), False, "bnhd"),
+    ((3, 2, 1, 40, 300, 64), False, "bhnd"),
     ((3, 8, 1, 129, 129, 128), False, "bhnd"),
     ((2, 4, 4, 257, 257, 128), True, "bnhd"),
     ((1, 8, 2, 2048 + 33, 2048 + 33, 128), True, "bhnd"),
@@ -239,7 +259,8 @@ PADDED = [((1, 2, 2, 96, 333, 64), False, "bhnd"), ((2, 4, 2, 130, 200, 128), Fa
           ((1, 2, 1, 200, 333, 128), True, "bhnd")]
 
 
-@gluon_cases([p for p in GLUON_BWD_CANDIDATES if p.gluon == 2], PADDED, "the Gluon dQ kernel")
+@gluon_cases([p for p in GLUON_BWD_CANDIDATES if p.gluon == 2 or p.dq_mode == "atomic"], PADDED,
+             "the Gluon dQ kernel and the one pass")
 def test_the_gluon_dq_kernel_masks_keys_past_nk(params, dtype, shape, causal, layout):
     from helpers import rand_qkv
 
@@ -335,6 +356,40 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
     assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"]
     assert not any(isinstance(a, (TensorDescriptor, GluonDescriptor)) for _, args in launches for a in args)
     assert built["host descriptors"] == host
+
+
+def test_the_one_pass_launches_its_kernel_on_half_boxes_and_fp32_sums(monkeypatch):
+    # The one pass: delta, the Gluon kernel (six descriptors, K, V, dK and dV boxes of half
+    # the program's 128 keys, then dQ's fp32 sums) and the pass that scales and casts them
+    # into dQ through pointers; so a preallocated dQ that no descriptor can address keeps the
+    # Gluon kernel
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    import fa2gen.runtime.backward as bwd
+    import fa2gen.runtime.launch as launch
+    from fa2gen.runtime.problem import make_problem
+
+    launches = []
+    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _Kernels(launches))
+    monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the compiled path, not the interpreter's
+    q, out, dout = (torch.randn(2, 6, 200, 64, dtype=torch.float16) for _ in range(3))
+    k, v = (torch.randn(2, 3, 333, 64, dtype=torch.float16) for _ in range(2))
+    lse = torch.randn(2, 6, 200)
+    problem = make_problem(q, k, v)
+    kept = bwd.BackwardLaunch(problem, ONE_PASS)
+    odd = torch.empty(2 * 6 * 200 * 64 + 1, dtype=torch.float16)[1:].view(2, 6, 200, 64)
+    for dq in (None, odd):
+        launches.clear()
+        kept.run(q, k, v, out, lse, dout, dq=dq)
+        assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_store"]
+        dkdv, store = launches[1][1], launches[2][1]
+        descriptors = dkdv[:6]
+        assert all(isinstance(a, GluonDescriptor) for a in descriptors)
+        assert [d.block_shape for d in descriptors] == [[1, 1, 64, 64]] * 6  # Q, K, V, dO, dK, dV
+        sums = dkdv[6]
+        assert sums.dtype == torch.float32 and sums.shape == (2, 6, 200, 64) and sums.is_contiguous()
+        assert store[0] is sums and (dq is None or store[1] is dq)
 
 
 def test_descriptors_built_field_by_field_equal_triton_constructed_ones():

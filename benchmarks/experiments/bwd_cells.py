@@ -83,14 +83,18 @@ def variants_row(c: Cell, title: str, variants, **fields) -> dict:
 
 def shipped_and(variants: dict):
     """An experiment's ``measure_cell`` for main(): on cell (D, N, causal), the shipped backward
-    (the tuned configs) and each of ``variants`` (name: params), by variants_row."""
+    (the tuned configs) and each of ``variants`` (name: params) the cell's spec supports, by
+    variants_row; the others are printed and listed in the row's "refused" with the reason."""
     def cell(d: int, n: int, causal: bool, dtype: str) -> dict:
         c = Cell(d, n, causal, dtype)
         shipped = select_params(c.problem, c.device, direction="bwd")
         title = f"{dtype} D={d} N={n} {'causal' if causal else 'full'}"
         spec = c.problem.kernel_spec("bwd")
-        kept = [(name, p) for name, p in variants.items() if not unsupported(spec, p)]
-        return variants_row(c, title, [("shipped", shipped), *kept], shipped=shipped.label())
+        refused = {name: unsupported(spec, p) for name, p in variants.items() if unsupported(spec, p)}
+        for name, why in refused.items():
+            print(f"{title}: {name} not run: {why}", flush=True)
+        kept = [(name, p) for name, p in variants.items() if name not in refused]
+        return variants_row(c, title, [("shipped", shipped), *kept], shipped=shipped.label(), refused=refused)
     return cell
 
 

@@ -1,10 +1,11 @@
-"""dQ added from the Gluon dK/dV kernel by a warp group of its own (perf-notes v44): the
-shipped backward against dq_mode atomic with gluon=1 on 64 x 32 (4 compute warps), 128 x 32
-and 128 x 64 (8 compute warps, dS^T summed over 128 keys in one matmul before the adds) tiles,
-and SDPA cuDNN's backward, each checked and timed (bwd_cells.variants_row). The compute warps
-hand each step's dQ^T to the adder warps through shared memory; the adders issue the 16-byte
-atomics. The shipped configs are read only with the configs file's backward template hash set
-to the current template's.
+"""The one pass (dq_mode atomic, gluon=1; perf-notes v47, v48) on 128 keys a program and 64
+queries a step beside the shipped backward and SDPA cuDNN's, each checked and timed
+(bwd_cells.variants_row), on four cells. Its form changed under this script: v47's compute
+partitions computed dQ themselves and handed it to a warp group that added it
+(results/one-pass/, v47b/, where 128 x 32 steps were measured too; the spec refuses those since
+v48); since v48 the third warp group computes dQ from both partitions' dS^T and adds it. The
+shipped configs are read only with the configs file's backward template hash set to the
+current template's.
 
 usage: python benchmarks/experiments/dq_add.py --out OUT.json [--dtype fp16]
 """
@@ -19,10 +20,6 @@ CELLS = [(128, 4096, False), (128, 16384, False), (128, 4096, True), (64, 4096, 
 VARIANTS = {
     "128x64 one pass": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host",
                                     dq_mode="atomic", gluon=1),
-    "128x32 one pass s3": TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host",
-                                       dq_mode="atomic", gluon=1),
-    "128x32 one pass s4": TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=4, loads="tma_host",
-                                       dq_mode="atomic", gluon=1),
 }
 
 

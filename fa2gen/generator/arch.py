@@ -45,7 +45,9 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
     dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles; with
     ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction, with
-    ``dq_mode="matmul"`` two dS tiles staged for their stores.
+    ``dq_mode="matmul"`` two dS tiles staged for their stores. The Gluon one pass
+    (``dq_mode="atomic"``, gluon=1) also holds two dS^T tiles of all its keys for its dQ
+    matmul and an fp32 scratch tile of dQ for the adds.
     """
     elt = spec.element_bytes
     dp = spec.head_dim_padded
@@ -54,9 +56,10 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
         resident = 2 * params.block_m * dp * elt
         streamed = 2 * stages * params.block_n * dp * elt
         if params.gluon:  # the Gluon dK/dV kernel keeps P and dS in registers (dq_mode matmul:
-            # and stages dS for its store, two tiles deep)
-            staged_ds = 2 * params.block_m * params.block_n * elt if params.dq_mode == "matmul" else 0
-            return resident + streamed + staged_ds
+            # and stages dS for its store, two tiles deep; the one pass shares it, two deep)
+            staged_ds = 2 * params.block_m * params.block_n * elt if params.dq_mode in ("matmul", "atomic") else 0
+            scratch = params.block_n * dp * 4 if params.dq_mode == "atomic" else 0
+            return resident + streamed + staged_ds + scratch
         staged_dq = params.block_n * dp * 4 if params.dq_mode == "tma_reduce" else 0
         return resident + streamed + 2 * params.block_m * params.block_n * elt + staged_dq
     q = params.block_m * dp * elt

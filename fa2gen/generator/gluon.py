@@ -34,14 +34,14 @@ def descriptor_boxes(spec, params) -> tuple[list[int], ...]:
 
 def backward_boxes(spec, params, kernel: str, ds_rows: int = 0) -> dict[str, list[int]]:
     """The boxes of a backward Gluon kernel's descriptors, by argument: block_m rows of what a
-    program owns (attn_bwd_dkdv: K, V, DK, DV; attn_bwd_dq: Q, DO, DQ), block_n rows of what
-    a step takes; DST (dq_mode matmul) a step's dS^T, block_m keys by block_n queries.
+    program owns (attn_bwd_dkdv: K, V, DK, DV; attn_bwd_dq: Q, DO, DQ), or half of them with
+    dq_mode atomic (the one pass's two compute partitions each own half of its keys), block_n
+    rows of what a step takes; DST (dq_mode matmul) a step's dS^T, block_m keys by block_n queries.
     attn_bwd_dq_ds (dq_mode matmul) reads the same keys a step, block_m, by ``ds_rows`` queries
     (its module's DS_ROWS), of dS^T and K."""
     if kernel == "attn_bwd_dq_ds":
         return {"DST": [1, 1, params.block_m, ds_rows], "K": [1, 1, params.block_m, spec.head_dim]}
     owned = ("K", "V", "DK", "DV") if kernel == "attn_bwd_dkdv" else ("Q", "DO", "DQ")
-    # (dq_mode atomic: the dK/dV kernel's two compute partitions each own half of its keys)
     rows = params.block_m // 2 if params.dq_mode == "atomic" else params.block_m
     boxes = {t: [1, 1, rows if t in owned else params.block_n, spec.head_dim]
              for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}

@@ -132,7 +132,10 @@ class TuningParams:
         with persistent > 0 its programs walk tiles, each loader fetching the next tile while
         its compute partitions finish the last one. Backward: 1 writes the dK/dV kernel in
         Gluon (its matmuls overlapped with the exponentials and dS); delta and dQ stay the
-        Triton template's, with the same tiles. 2 writes the dQ kernel in Gluon as well
+        Triton template's, with the same tiles, but for dq_mode matmul (dQ by a Gluon kernel
+        over the dS the dK/dV kernel stores) and atomic (the one pass: two compute warp groups
+        and a third that computes dQ and adds it, 12 warps whatever num_warps says; only the
+        pass that scales and casts dQ's sums is Triton's). 2 writes the dQ kernel in Gluon as well
         (block_m queries a program, block_n keys a step; the exponentials under dP's matmul,
         each step's dQ matmul under the next step's loads).
     """

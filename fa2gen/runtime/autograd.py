@@ -7,6 +7,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .backward import BackwardLaunch
+from .defaults import default_params
 from .device import cuda_device_info
 from .dispatch import select_params
 
@@ -44,12 +45,14 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
-    if q.device.type == "cuda":
-        params = select_params(problem, cuda_device_info(q.get_device()), "bwd")
-    else:  # the interpreter
-        params = select_params(problem, None, "bwd")
-    if deterministic:
-        params = params.replace(dq_mode="separate")  # atomics add in no fixed order
+    device = cuda_device_info(q.get_device()) if q.device.type == "cuda" else None  # (None: the interpreter)
+    params = select_params(problem, device, "bwd")
+    if deterministic:  # atomics add in no fixed order: dQ in a kernel of its own
+        if params.dq_mode == "atomic" and params.gluon:
+            # the one pass's tiles (128 keys by 64 queries, 12 warps) suit no other form of
+            # the Gluon dK/dV kernel: the default backward instead
+            params = default_params(problem.kernel_spec("bwd"), device.arch if device else "cpu", problem.seqlen_q)
+        params = params.replace(dq_mode="separate")
     return BackwardLaunch(problem, params)
 
 

@@ -48,8 +48,9 @@ class BackwardLaunch:
         self.problem = problem
         self.spec = spec = problem.kernel_spec("bwd")
         # gluon=1: the dK/dV kernel in Gluon where it can run (gluon=2: and the dQ kernel;
-        # dq_mode matmul: dQ by a matmul over its dS instead); the rest from the Triton
-        # template on the same tiles (``params`` holds those, and is the fallback's).
+        # dq_mode matmul: dQ by a matmul over its dS instead; dq_mode atomic: the one pass,
+        # which computes dQ and adds it into fp32 sums); the rest from the Triton template on
+        # the same tiles (``params`` holds those, and is the fallback's).
         # dq_mode matmul needs a k/v head's dS within the scratch bound (a chunk holds at least
         # one), and its query heads within a grid's rows (dQ's kernel takes a row per query
         # head): else it runs as dq_mode separate
@@ -140,8 +141,9 @@ class BackwardLaunch:
         return self._fallback
 
     def _runs_here(self, q, k, v, dout, dq, dk, dv) -> bool:
-        if self.gluon is not None:  # (dq_mode matmul: dQ's kernel writes it through pointers)
-            read = (q, k, v, dout, dk, dv) if self.ds_matmul else (q, k, v, dout, dq, dk, dv)
+        if self.gluon is not None:  # (dq_mode matmul's dQ kernel, and the one pass's store of its
+            # sums, write dQ through pointers)
+            read = (q, k, v, dout, dk, dv) if self.ds_matmul or self.dq_add else (q, k, v, dout, dq, dk, dv)
             return self._gluon_devices(q.device) and tma_compatible(*read)
         return self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, dout, dq, dk, dv)
 

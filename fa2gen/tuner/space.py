@@ -121,14 +121,14 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 
 
 # The backward: pointer loads or host descriptors (no in-kernel ones), short loop steps down
-# to 16 rows, which its register budget favours, and up to 5 stages. dQ in its own kernel
-# only on sm90: summing it from the dK/dV kernel (per-element atomics, or bulk reductions
-# through host descriptors) lost in all 72 buckets of the H200 re-tune, 0.74x and 0.72x of
-# the same tiles' separate kernel (benchmarks/results/dq-modes-h200.md). They stay available
-# to `fa2gen generate` and attention(), only no longer searched there; other arches keep
-# both ways until measured. dq_mode matmul (sm90, the Gluon dK/dV kernel storing dS for one dQ
-# matmul, perf-notes v36) is searched, and dq_mode atomic as the Gluon one pass only (gluon=1,
-# D=64: perf-notes v48). 16 warps on sm90: every one tried so far lost (0.40x its
+# to 16 rows, which its register budget favours, and up to 5 stages. On sm90 the Triton dK/dV
+# kernel does not sum dQ: its per-element atomics and bulk reductions through host
+# descriptors lost in all 72 buckets of the H200 re-tune, 0.74x and 0.72x of the same tiles'
+# separate kernel (benchmarks/results/dq-modes-h200.md). They stay available to `fa2gen
+# generate` and attention(), only not searched there; other arches keep both ways until
+# measured. dq_mode matmul (sm90, the Gluon dK/dV kernel storing dS for one dQ matmul,
+# perf-notes v36) is searched, and dq_mode atomic as the Gluon one pass only (gluon=1, D=64:
+# perf-notes v48). 16 warps on sm90: every one tried so far lost (0.40x its
 # bucket's winner at best), but none had 128x64 tiles and 3 stages, FlexAttention's D=128
 # Hopper tile (with 8 warps in torch 2.13's heuristics); the default's one-knob moves reach it.
 BWD_SPACES = {
@@ -182,7 +182,7 @@ GLUON_CANDIDATES = (
 
 
 # The backward's Gluon kernels. gluon=1, the dK/dV kernel (delta and dQ stay Triton's, with
-# the same tiles): on the H200 (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program
+# the same tiles, but for dq_mode matmul's and the one pass's dQ): on the H200 (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program
 # and 64 queries a step ran 1.27x fa2gen's dK/dV kernel, the best of five forms, and won every
 # D=128 bucket of the re-tune; 128 x 32 is the Triton dQ kernel's own favourite tile at D=128
 # (the shipped backward defaults). gluon=2 adds the Gluon dQ kernel on the same tiles: 64 x 64
