@@ -4,8 +4,8 @@
 # usage: bash benchmarks/on_gpus.sh OUT_DIR SECONDS 'JOB' ['JOB' ...]
 #   JOB: "[VAR=value ...] step [step ...]" for backward_gpu.sh; the i-th job runs on GPU i
 #   with its output in OUT_DIR/gpu<i>. Example, tuning the two dtypes on two GPUs:
-#   bash benchmarks/on_gpus.sh r 500 'TUNE_GRID=benchmarks/grids/bwd-fp16.yaml TUNE_STATE=/tmp/s16 tune' \
-#                                    'TUNE_GRID=benchmarks/grids/bwd-bf16.yaml TUNE_STATE=/tmp/s8 tune'
+#   bash benchmarks/on_gpus.sh r 500 'TUNE_GRID=benchmarks/grids/bwd-fp16.yaml TUNE_STATE=state/fp16 tune' \
+#                                    'TUNE_GRID=benchmarks/grids/bwd-bf16.yaml TUNE_STATE=state/bf16 tune'
 # Words split at spaces (no quoting): a value cannot hold a space. A job of only VAR=value
 # words runs backward_gpu.sh's default steps.
 # Jobs on one host share its CPUs: compile-heavy steps (Flex, tuning) can disturb the timing
