@@ -94,6 +94,8 @@ def _compile_ahead(spec, params, arch: str) -> None:
         raise typer.Exit(1)
     for name, r in found.items():
         typer.echo(f"{name} ({arch}): {r.registers} registers, {r.spill_bytes} B spilled, {r.shared_bytes} B shared")
+        for loss in r.losses:
+            typer.echo(f"  ptxas {loss}")
 
 
 @app.command()

@@ -126,3 +126,29 @@ def test_sass_loop_counts():
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [line for line in r.stdout.splitlines() if "attn_bwd_" in line]
     assert len(lines) == 2 and all("HGMMA" in line for line in lines)
+
+
+def test_ptxas_performance_losses_are_reported():
+    """ptxas's notes that it dropped a warp-specialised kernel's register split (C7507) or
+    serialised its wgmmas (C7512) come back with the resources: the one pass at D=128, whose
+    compute warp groups need more registers than its split leaves them, and not at D=64."""
+    from fa2gen.generator.ahead import performance_losses
+
+    report = ("ptxas info    : (C7507) Potential Performance Loss: 'setmaxnreg' ignored to maintain minimum "
+              "register requirements.\n"
+              "ptxas info    : (C7519) Potential Performance Loss: warpgroup.arrive is injected in around line 9\n"
+              "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
+              "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n")
+    assert performance_losses(report) == (
+        "C7507: 'setmaxnreg' ignored to maintain minimum register requirements.",
+        "C7512: wgmma.mma_async instructions are serialized")
+    assert performance_losses("ptxas info    : Used 168 registers") == ()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    one_pass = ["generate", "--direction", "bwd", "--block-m", "128", "--block-n", "64", "--num-warps", "8",
+                "--num-stages", "2", "--loads", "tma_host", "--dq-mode", "atomic", "--gluon", "1", "--compile-for", "sm90"]
+    for d, serialised in ((128, True), (64, False)):
+        r = subprocess.run([sys.executable, "-m", "fa2gen", *one_pass, "--head-dim", str(d)], capture_output=True,
+                           text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert ("ptxas C7512: wgmma.mma_async instructions are serialized" in r.stdout) == serialised, r.stdout
+        assert "attn_bwd_dkdv (sm90): 168 registers" in r.stdout

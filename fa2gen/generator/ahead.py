@@ -39,6 +39,9 @@ class Resources:
     registers: int | None
     spill_bytes: int
     shared_bytes: int
+    # ptxas's notes of a performance loss it chose: the register split of a warp-specialised
+    # kernel ignored (every setmaxnreg dropped), or its wgmmas serialised for want of registers
+    losses: tuple[str, ...] = ()
 
 
 # Rows of each host descriptor's block, per kernel: a program's own tile (block_m) or its
@@ -215,6 +218,13 @@ def assemble(kernel, arch: str, cubin: str = os.devnull, *, name: str = "kernel"
     return done.stderr
 
 
+def performance_losses(report: str) -> tuple[str, ...]:
+    """ptxas's C7507 (setmaxnreg ignored) and C7512 (wgmma serialised) notes in ``report``,
+    each as "CODE: what it says", once each."""
+    found = re.findall(r"\((C75(?:07|12))\) Potential Performance Loss: ([^\n]*)", report)
+    return tuple(sorted({f"{code}: {text.strip()}" for code, text in found}))
+
+
 def spill_bytes(report: str) -> int:
     spill = re.search(r"(\d+) bytes spill stores", report)
     return int(spill.group(1)) if spill else 0
@@ -227,5 +237,6 @@ def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> d
     for name, kernel in compiled_kernels(spec, params, arch):
         report = assemble(kernel, arch, name=name)
         regs = re.search(r"Used (\d+) registers", report)
-        out[name] = Resources(int(regs.group(1)) if regs else None, spill_bytes(report), kernel.metadata.shared)
+        out[name] = Resources(int(regs.group(1)) if regs else None, spill_bytes(report), kernel.metadata.shared,
+                              performance_losses(report))
     return out
