@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .cache import interpreting, load_module
-from .spec import PASS_WARPS, KernelSpec, TuningParams, pass_rows
+from .spec import PASS_WARPS, KernelSpec, TuningParams, pass_rows, triton_part
 
 # The kernels a variant launches, in order.
 KERNELS = {"fwd": ("attn_fwd",), "bwd": ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq")}
@@ -136,10 +136,9 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90",
 
     if params.gluon:
         gluon_kernels = _gluon_kernels(spec, params)
-        if spec.direction == "bwd":  # delta (gluon=1 without dq_mode matmul: and dQ, or atomic: its store) from the Triton template
+        if spec.direction == "bwd":  # the kernels the Triton template writes (triton_part)
             skip = gluon_kernels + (("attn_bwd_dq",) if params.dq_mode == "matmul" else ())
-            triton_mode = "atomic" if params.dq_mode == "atomic" else "separate"  # atomic: its dQ store pass
-            yield from compiled_kernels(spec, params.replace(gluon=0, dq_mode=triton_mode), arch, skip=skip)
+            yield from compiled_kernels(spec, triton_part(params), arch, skip=skip)
         module = load_module(spec, params)
         for name in gluon_kernels:
             yield name, _compile_gluon(module, spec, params, arch, name)

@@ -268,6 +268,13 @@ def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None
     return None
 
 
+def triton_part(params: TuningParams) -> TuningParams:
+    """The Triton template's params for the kernels a Gluon backward variant leaves to it, on
+    the same tiles: delta, and dQ's kernel, or with the one pass (dq_mode atomic) the pass
+    that scales and casts its sums."""
+    return params.replace(gluon=0, dq_mode="atomic" if params.dq_mode == "atomic" else "separate")
+
+
 def param_space(spec: KernelSpec) -> list[TuningParams]:
     """Every TuningParams point that renders for ``spec``. Which of them suit an arch is
     the tuner's business (``fa2gen.tuner.space``)."""

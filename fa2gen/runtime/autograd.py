@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..store.buckets import Bucket
 from .backward import BackwardLaunch
-from .defaults import default_params
+from .defaults import bucket_default
 from .device import cuda_device_info
 from .dispatch import select_params
 
@@ -51,7 +52,7 @@ def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
         if params.dq_mode == "atomic" and params.gluon:
             # the one pass's tiles (128 keys by 64 queries, 12 warps) suit no other form of
             # the Gluon dK/dV kernel: the default backward instead
-            params = default_params(problem.kernel_spec("bwd"), device.arch if device else "cpu", problem.seqlen_q)
+            params = bucket_default(Bucket.of(problem, "bwd"), device.arch if device else "cpu")
         params = params.replace(dq_mode="separate")
     return BackwardLaunch(problem, params)
 

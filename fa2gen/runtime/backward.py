@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..generator.cache import interpreting, load_module
-from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows
+from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows, triton_part
 from . import direct
 from .interpreter import patch_interpreter
 from .launch import (GRID_Y_MAX, GluonDevices, effective_params, gluon_descriptor, host_descriptor,
@@ -62,9 +62,7 @@ class BackwardLaunch:
         # (gluon=1, dq_mode atomic: the Gluon dK/dV kernel adds dQ; the Triton module's store
         # pass scales and casts the sums)
         self.dq_add = params.gluon == 1 and params.dq_mode == "atomic"
-        if params.gluon:
-            params = params.replace(gluon=0, dq_mode="atomic" if self.dq_add else "separate")
-        self.params = params
+        self.params = params = triton_part(params) if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
         self.modules = None  # loaded on the first run: the interpreter check happens there

@@ -182,9 +182,10 @@ GLUON_CANDIDATES = (
 
 
 # The backward's Gluon kernels. gluon=1, the dK/dV kernel (delta and dQ stay Triton's, with
-# the same tiles, but for dq_mode matmul's and the one pass's dQ): on the H200 (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program
-# and 64 queries a step ran 1.27x fa2gen's dK/dV kernel, the best of five forms, and won every
-# D=128 bucket of the re-tune; 128 x 32 is the Triton dQ kernel's own favourite tile at D=128
+# the same tiles, but for dq_mode matmul's and the one pass's dQ): on the H200
+# (benchmarks/results/gluon/gluon-bwd-h200.json) 64 keys a program and 64 queries a step ran
+# 1.27x fa2gen's dK/dV kernel, the best of five forms, and won every D=128 bucket of the
+# re-tune; 128 x 32 is the Triton dQ kernel's own favourite tile at D=128
 # (the shipped backward defaults). gluon=2 adds the Gluon dQ kernel on the same tiles: 64 x 64
 # with two stages, and 128 x 32 with three (its dQ kernel prefetches num_stages - 1 key
 # blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal). dq_mode matmul on
