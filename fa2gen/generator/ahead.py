@@ -25,7 +25,7 @@ PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")  # launched with their ow
 
 
 _TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
-_TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv"}
+_TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv", "fp32": "fp32"}
 
 
 def kernels_of(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
@@ -174,7 +174,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in boxes:
-            dtype = spec.out_dtype if name == "O" else spec.dtype
+            dtype = spec.out_dtype if name == "O" else "fp32" if name == "DQACC" else spec.dtype
             box = boxes[name]
             signature[name] = (f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],"
                                f"{descriptor_layout(box, dtype)!r}>")

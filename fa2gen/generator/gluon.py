@@ -9,7 +9,7 @@ import functools
 
 def descriptor_layout(block, dtype: str):
     """The swizzled shared-memory layout wgmma reads a 4-D box of ``dtype`` ("fp16", "bf16" or
-    "fp8e4m3") from."""
+    "fp8e4m3") from, or (``dtype`` "fp32") the one pass's dQ tile is reduced from."""
     return _layout(tuple(block), dtype)
 
 
@@ -19,7 +19,7 @@ def _layout(block: tuple[int, ...], dtype: str):
     # launch building six descriptors would otherwise pay on every call. Layouts are frozen.
     from triton.experimental.gluon import language as gl
 
-    element = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp8e4m3": gl.float8e4nv}[dtype]
+    element = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp8e4m3": gl.float8e4nv, "fp32": gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), element)
 
 
@@ -36,7 +36,8 @@ def backward_boxes(spec, params, kernel: str, ds_rows: int = 0) -> dict[str, lis
     """The boxes of a backward Gluon kernel's descriptors, by argument: block_m rows of what a
     program owns (attn_bwd_dkdv: K, V, DK, DV; attn_bwd_dq: Q, DO, DQ), or half of them with
     dq_mode atomic (the one pass's two compute partitions each own half of its keys), block_n
-    rows of what a step takes; DST (dq_mode matmul) a step's dS^T, block_m keys by block_n queries.
+    rows of what a step takes; DST (dq_mode matmul) a step's dS^T, block_m keys by block_n queries;
+    DQACC (dq_mode atomic) a step's fp32 dQ, block_n queries.
     attn_bwd_dq_ds (dq_mode matmul) reads the same keys a step, block_m, by ``ds_rows`` queries
     (its module's DS_ROWS), of dS^T and K."""
     if kernel == "attn_bwd_dq_ds":
@@ -45,4 +46,4 @@ def backward_boxes(spec, params, kernel: str, ds_rows: int = 0) -> dict[str, lis
     rows = params.block_m // 2 if params.dq_mode == "atomic" else params.block_m
     boxes = {t: [1, 1, rows if t in owned else params.block_n, spec.head_dim]
              for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}
-    return {**boxes, "DST": [1, 1, params.block_m, params.block_n]}
+    return {**boxes, "DST": [1, 1, params.block_m, params.block_n], "DQACC": [1, 1, params.block_n, spec.head_dim]}

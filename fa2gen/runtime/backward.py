@@ -93,12 +93,14 @@ class BackwardLaunch:
         if self.gluon is not None:
             from ..generator.gluon import backward_boxes, descriptor_layout
 
-            kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV") + (("DST",) if self.ds_matmul else ())}
+            kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV") + (("DST",) if self.ds_matmul else ())
+                       + (("DQACC",) if self.dq_add else ())}
             if self.gluon.gluon == 2:
                 kernels["attn_bwd_dq"] = ("Q", "K", "V", "DO", "DQ")
             for kernel, names in kernels.items():
                 boxes = backward_boxes(spec, self.gluon, kernel)
-                self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], spec.dtype)) for n in names)
+                self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], "fp32" if n == "DQACC" else spec.dtype))
+                                           for n in names)
 
     def _dkdv_ds_matmul(self, run, module, shape, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv) -> None:
         """One chunk of dq_mode matmul: batches ``bs``, k/v heads ``hs``. The Gluon dK/dV kernel
@@ -215,9 +217,9 @@ class BackwardLaunch:
                     self._dkdv_ds_matmul(run, gluon_module, shape, bs, hs, q, k, v, dout, lse, delta, dq, dk, dv)
                 return dq, dk, dv
             run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"],
-                *[gluon_descriptor(t, box, layout)
-                  for t, (box, layout) in zip((q, k, v, dout, dk, dv), boxes["attn_bwd_dkdv"])],
-                *((dq_acc,) if self.dq_add else ()), lse, delta, hkv, problem.group, nq, nk, problem.sm_scale, **shape)
+                *[gluon_descriptor(t, box, layout) for t, (box, layout)
+                  in zip((q, k, v, dout, dk, dv) + ((dq_acc,) if self.dq_add else ()), boxes["attn_bwd_dkdv"])],
+                lse, delta, hkv, problem.group, nq, nk, problem.sm_scale, **shape)
             if self.gluon.gluon == 2:
                 run(gluon_module.attn_bwd_dq, grids["gluon_dq"],
                     *[gluon_descriptor(t, box, layout)
