@@ -362,9 +362,9 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
 
 def test_the_one_pass_launches_its_kernel_on_half_boxes_and_fp32_sums(monkeypatch):
     # The one pass: delta, the Gluon kernel (six descriptors, K, V, dK and dV boxes of half
-    # the program's 128 keys, then dQ's fp32 sums) and the pass that scales and casts them
-    # into dQ through pointers; so a preallocated dQ that no descriptor can address keeps the
-    # Gluon kernel
+    # the program's 128 keys, then one over dQ's fp32 sums, which the TMA reduces a step's
+    # queries into) and the pass that scales and casts the sums into dQ through pointers; so
+    # a preallocated dQ that no descriptor can address keeps the Gluon kernel
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     import fa2gen.runtime.backward as bwd
@@ -386,11 +386,13 @@ def test_the_one_pass_launches_its_kernel_on_half_boxes_and_fp32_sums(monkeypatc
         kept.run(q, k, v, out, lse, dout, dq=dq)
         assert [name for name, _ in launches] == ["attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_store"]
         dkdv, store = launches[1][1], launches[2][1]
-        descriptors = dkdv[:6]
+        descriptors = dkdv[:7]
         assert all(isinstance(a, GluonDescriptor) for a in descriptors)
-        assert [d.block_shape for d in descriptors] == [[1, 1, 64, 64]] * 6  # Q, K, V, dO, dK, dV
-        sums = dkdv[6]
-        assert sums.dtype == torch.float32 and sums.shape == (2, 6, 200, 64) and sums.is_contiguous()
+        assert [d.block_shape for d in descriptors] == [[1, 1, 64, 64]] * 7  # Q, K, V, dO, dK, dV, sums
+        assert [d.base.dtype for d in descriptors] == [torch.float16] * 6 + [torch.float32]
+        assert descriptors[6].layout.element_bitwidth == 32 and descriptors[0].layout.element_bitwidth == 16
+        sums = descriptors[6].base
+        assert sums.shape == (2, 6, 200, 64) and sums.is_contiguous() and not sums.any()
         assert store[0] is sums and (dq is None or store[1] is dq)
 
 
