@@ -60,6 +60,7 @@ def test_the_one_pass_renders_one_dkdv_kernel_that_takes_the_fp32_sums(head_dim)
     kernel = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attn_bwd_dkdv")
     assert [a.arg for a in kernel.args.args][:9] == ["Q", "K", "V", "DO", "DK", "DV", "DQACC", "LSE", "DELTA"]
     assert 'LAUNCH = {"num_warps": 4, "maxnreg": 168}' in src
+    assert "_tma_reduce_add(DQACC" in src and "atomic_add" not in src  # dQ's adds: the TMA's reductions
 
 
 @pytest.mark.parametrize("gluon,kernels", [(1, ["attn_bwd_dkdv"]), (2, ["attn_bwd_dkdv", "attn_bwd_dq"])])
@@ -125,7 +126,10 @@ _CHILD = textwrap.dedent(r"""
                     report = assemble(kernel, "sm90", cubin.name, name=kname)
                     sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name],
                                           capture_output=True, text=True, check=True).stdout
-                kernels[kname] = [spill_bytes(report), local_accesses_in_loops(sass), list(performance_losses(report))]
+                # (and the global reductions issued: the TMA's bulk ones, UTMAREDG, and atomics, RED/ATOMG)
+                reductions = [len(re.findall(r"\bUTMAREDG\b", sass)), len(re.findall(r"\b(?:RED|ATOMG)\.", sass))]
+                kernels[kname] = [spill_bytes(report), local_accesses_in_loops(sass), list(performance_losses(report)),
+                                  reductions]
             out.append({"bucket": name, "label": params.label(), "kernels": kernels})
     print(json.dumps(out))
 """)
@@ -154,8 +158,10 @@ def test_compiles_for_sm90_without_spills_in_loops():
         dq = ({"attn_bwd_dq_ds"} if "dq-matmul" in k["label"] else
               {"attn_bwd_dq_store"} if "dq-atomic" in k["label"] else {"attn_bwd_dq"})
         assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dkdv"} | dq, k
-        for name, (spill, in_loops, losses) in k["kernels"].items():
+        for name, (spill, in_loops, losses, (bulk, atomics)) in k["kernels"].items():
             assert in_loops == 0 and losses == [], k
+            # the one pass adds dQ by the TMA's bulk reductions, with no atomics; nothing else reduces
+            assert (bulk > 0, atomics) == ("dq-atomic" in k["label"] and name == "attn_bwd_dkdv", 0), k
             assert spill <= SPILL_ALLOWED.get((k["bucket"], k["label"], name), 0), k
             if spill:
                 spilled.add((k["bucket"], k["label"], name))
