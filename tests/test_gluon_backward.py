@@ -126,8 +126,8 @@ _CHILD = textwrap.dedent(r"""
                     report = assemble(kernel, "sm90", cubin.name, name=kname)
                     sass = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name],
                                           capture_output=True, text=True, check=True).stdout
-                # (and the global reductions issued: the TMA's bulk ones, UTMAREDG, and atomics, RED/ATOMG)
-                reductions = [len(re.findall(r"\bUTMAREDG\b", sass)), len(re.findall(r"\b(?:RED|ATOMG)\.", sass))]
+                # (and the global reductions issued: the TMA's bulk ones, UTMAREDG, and atomics, REDG/ATOMG)
+                reductions = [len(re.findall(r"\bUTMAREDG\b", sass)), len(re.findall(r"\b(?:REDG?|ATOMG?)\.", sass))]
                 kernels[kname] = [spill_bytes(report), local_accesses_in_loops(sass), list(performance_losses(report)),
                                   reductions]
             out.append({"bucket": name, "label": params.label(), "kernels": kernels})
