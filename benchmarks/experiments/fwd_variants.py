@@ -1,0 +1,96 @@
+"""Experiment: Gluon forward variants beside the shipped config and SDPA cuDNN (in bf16 for
+fp8 cells), on canonical-grid cells (B*N = 16k, H = 2048 / D). Each variant's output is poisoned
+with NaN, checked by flash-attention's rule, then timed (do_bench median, L2 flushed). VARIANTS
+holds what the current question needs: persistent programs on 128 x 128 tiles, which the
+sm90 search space leaves out for their spills (cuDNN's short-sequence forward is persistent
+on 128-key blocks: results/ncu-short/).
+
+usage: python benchmarks/experiments/fwd_variants.py [--dtypes fp16,bf16] [--head-dims 64,128]
+                                                     [--seqlens 512,...] [--out fwd-variants.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fa2gen.bench.correctness import check_forward
+from fa2gen.bench.grid import Case, make_inputs
+from fa2gen.bench.timing import measure
+from fa2gen.generator.spec import TuningParams, unsupported
+from fa2gen.runtime.device import cuda_device_info
+from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.launch import Launch, forward
+from fa2gen.runtime.problem import make_problem
+
+VARIANTS = {
+    "128x128 s2 p1": TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
+                                  persistent=1),
+    "128x128 s2 p2": TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
+                                  persistent=2),
+    "128x128 s3 p1": TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
+                                  persistent=1),
+}
+
+
+def timed(case, q, k, v, problem, params):
+    """(TFLOP/s, None) of ``params`` on the cell, or (None, why) where it fails or is wrong."""
+    try:
+        launch = Launch(problem, params)
+        fp8 = problem.kernel_spec().fp8
+        out = torch.full(q.shape, float("nan"), device=q.device, dtype=torch.bfloat16 if fp8 else q.dtype)
+        out, lse = forward(q, k, v, problem, params, out=out, launch=launch)
+        verdict = check_forward(q, k, v, problem, out, lse)
+    except Exception as e:  # a variant that fails to compile or launch is a result here
+        return None, f"failed: {type(e).__name__}: {str(e)[:160]}"
+    if not verdict.ok:
+        return None, f"WRONG {verdict}"
+    return case.flops() / measure(lambda: forward(q, k, v, problem, params, launch=launch)).median_ms / 1e9, None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtypes", default="fp16")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--seqlens", default="512,1024,2048")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = []
+    for dtype in args.dtypes.split(","):
+        for d in map(int, args.head_dims.split(",")):
+            for causal in (False, True):
+                for n in map(int, args.seqlens.split(",")):
+                    case = Case(max(1, 16384 // n), 2048 // d, n, d, causal, dtype)
+                    q, k, v = make_inputs(case, torch.device("cuda"))
+                    problem = make_problem(q, k, v, causal=causal)
+                    shipped = select_params(problem, cuda_device_info(0))
+                    row = {"case": case.label(), "shipped": shipped.label(), "tflops": {}, "notes": {}}
+                    spec = problem.kernel_spec()
+                    for name, params in [("shipped", shipped), *VARIANTS.items()]:
+                        why = unsupported(spec, params)
+                        tf, why = (None, why) if why else timed(case, q, k, v, problem, params)
+                        row["tflops"][name] = tf
+                        if why:
+                            row["notes"][name] = why
+                            print(f"{case.label()} {name}: {why}", flush=True)
+                    # (fp8: cuDNN in bf16 on the same values)
+                    qc, kc, vc = (t.to(torch.bfloat16) if spec.fp8 else t for t in (q, k, v))
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        ms = measure(lambda: torch.nn.functional.scaled_dot_product_attention(
+                            qc, kc, vc, is_causal=causal)).median_ms
+                    row["tflops"]["cudnn"] = case.flops() / ms / 1e9
+                    rows.append(row)
+                    if args.out:  # after each cell, so that a run cut short keeps what it measured
+                        with open(args.out, "w") as f:
+                            json.dump(rows, f, indent=1)
+                    t = row["tflops"]
+                    print(f"{case.label():40s} {row['shipped']:38s} cuDNN {t['cudnn']:5.0f} "
+                          + " ".join(f"{k} {v / t['cudnn']:.3f}" if v else f"{k} -" for k, v in t.items()
+                                     if k != "cudnn"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
