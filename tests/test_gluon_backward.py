@@ -372,9 +372,12 @@ def test_the_one_pass_launches_its_kernel_on_half_boxes_and_fp32_sums(monkeypatc
     # queries into) and the pass that scales and casts the sums into dQ through pointers; so
     # a preallocated dQ that no descriptor can address keeps the Gluon kernel
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.runtime.jit import mangle_type
 
     import fa2gen.runtime.backward as bwd
     import fa2gen.runtime.launch as launch
+    from fa2gen.generator.ahead import gluon_signature
+    from fa2gen.generator.cache import load_module
     from fa2gen.runtime.problem import make_problem
 
     launches = []
@@ -385,6 +388,8 @@ def test_the_one_pass_launches_its_kernel_on_half_boxes_and_fp32_sums(monkeypatc
     k, v = (torch.randn(2, 3, 333, 64, dtype=torch.float16) for _ in range(2))
     lse = torch.randn(2, 6, 200)
     problem = make_problem(q, k, v)
+    spec = problem.kernel_spec("bwd")
+    _, signature = gluon_signature(load_module(spec, ONE_PASS), spec, ONE_PASS, "attn_bwd_dkdv")
     kept = bwd.BackwardLaunch(problem, ONE_PASS)
     odd = torch.empty(2 * 6 * 200 * 64 + 1, dtype=torch.float16)[1:].view(2, 6, 200, 64)
     for dq in (None, odd):
@@ -400,6 +405,10 @@ def test_the_one_pass_launches_its_kernel_on_half_boxes_and_fp32_sums(monkeypatc
         sums = descriptors[6].base
         assert sums.shape == (2, 6, 200, 64) and sums.is_contiguous() and not sums.any()
         assert store[0] is sums and (dq is None or store[1] is dq)
+        # ... of the very types (dtype, box, shared-memory layout) the ahead-of-time compile
+        # gives the kernel's arguments
+        assert [mangle_type(d).replace(" ", "") for d in descriptors] == [
+            signature[n].replace(" ", "") for n in ("Q", "K", "V", "DO", "DK", "DV", "DQACC")]
 
 
 def test_descriptors_built_field_by_field_equal_triton_constructed_ones():

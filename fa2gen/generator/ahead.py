@@ -157,12 +157,25 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90",
 
 
 def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, kernel: str):
-    # Gluon kernels take host descriptors whose shared-memory layout is part of their type; the
-    # launch options (warps of the default partition, register limit) are the module's.
+    # The launch options (warps of the default partition, register limit) are the module's.
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    fn = getattr(module, kernel)
+    constexprs, signature = gluon_signature(module, spec, params, kernel)
+    keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR")
+             if name in fn.arg_names}  # (pointers only: the one pass's DQACC is a descriptor)
+    source = GluonASTSource(fn, signature, keys, attrs)
+    options = dict(module.LAUNCH)
+    return triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
+
+
+def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str) -> tuple[dict, dict]:
+    """(constexprs, signature) of a Gluon kernel of ``module`` as an ahead-of-time compile
+    sees it: its host descriptors' types carry their boxes and shared-memory layouts, which
+    the launch's descriptors must match (runtime.backward, runtime.launch)."""
     from .gluon import backward_boxes, descriptor_boxes, descriptor_layout
 
     fn = getattr(module, kernel)
@@ -178,7 +191,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
             box = boxes[name]
             signature[name] = (f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],"
                                f"{descriptor_layout(box, dtype)!r}>")
-        elif name in ("LSE", "DELTA", "DQACC") or name.startswith("DESCALE"):
+        elif name in ("LSE", "DELTA") or name.startswith("DESCALE"):
             signature[name] = "*fp32"
         elif name == "DQ_PTR":
             signature[name] = f"*{_TRITON_TYPES[spec.dtype]}"
@@ -186,12 +199,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-    keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQACC", "DQ_PTR")
-             if name in fn.arg_names}
-    source = GluonASTSource(fn, signature, keys, attrs)
-    options = dict(module.LAUNCH)
-    return triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
+    return constexprs, signature
 
 
 def nvidia_tool(name: str) -> str:

@@ -113,7 +113,8 @@ class TuningParams:
         host ("tma_host", which costs a descriptor encode per tensor per launch).
     dq_mode (backward only): "separate" computes dQ in its own kernel, which recomputes the
         scores (no atomics, bit-identical across runs); "atomic" adds dQ from the dK/dV
-        kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed);
+        kernel into an fp32 buffer with atomics (two matmuls fewer, order not fixed; with
+        gluon=1, the Hopper one pass, by the TMA's bulk reductions);
         "tma_reduce" does the same with one bulk reduction per tile through a host
         descriptor (sm90+, with loads="tma_host"); "matmul" (gluon=1) has the Gluon dK/dV
         kernel store each step's dS tile, and a Gluon kernel of its own then computes dQ = dS
