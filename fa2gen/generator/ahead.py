@@ -176,7 +176,7 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
     """(constexprs, signature) of a Gluon kernel of ``module`` as an ahead-of-time compile
     sees it: its host descriptors' types carry their boxes and shared-memory layouts, which
     the launch's descriptors must match (runtime.backward, runtime.launch)."""
-    from .gluon import backward_boxes, descriptor_boxes, descriptor_layout
+    from .gluon import backward_boxes, descriptor_boxes, descriptor_dtype, descriptor_layout
 
     fn = getattr(module, kernel)
     constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
@@ -187,7 +187,7 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
         if name in constexprs:
             signature[name] = "constexpr"
         elif name in boxes:
-            dtype = spec.out_dtype if name == "O" else "fp32" if name == "DQACC" else spec.dtype
+            dtype = descriptor_dtype(spec, name)
             box = boxes[name]
             signature[name] = (f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],"
                                f"{descriptor_layout(box, dtype)!r}>")

@@ -91,7 +91,7 @@ class BackwardLaunch:
         # are part of a Gluon descriptor's type: built once here, not per call.
         self.boxes = {}
         if self.gluon is not None:
-            from ..generator.gluon import backward_boxes, descriptor_layout
+            from ..generator.gluon import backward_boxes, descriptor_dtype, descriptor_layout
 
             kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV") + (("DST",) if self.ds_matmul else ())
                        + (("DQACC",) if self.dq_add else ())}
@@ -99,7 +99,7 @@ class BackwardLaunch:
                 kernels["attn_bwd_dq"] = ("Q", "K", "V", "DO", "DQ")
             for kernel, names in kernels.items():
                 boxes = backward_boxes(spec, self.gluon, kernel)
-                self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], "fp32" if n == "DQACC" else spec.dtype))
+                self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], descriptor_dtype(spec, n)))
                                            for n in names)
 
     def _dkdv_ds_matmul(self, run, module, shape, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv) -> None:

@@ -288,11 +288,11 @@ class Launch:
             descales = check_descales(self.problem, q.device, None, None, None)
         if self.module is None:
             if self.params.gluon:
-                from ..generator.gluon import descriptor_layout
+                from ..generator.gluon import descriptor_dtype, descriptor_layout
 
                 # layouts first: another thread's first call may see the module set and use them
-                dtypes = (self.spec.dtype,) * 3 + (self.spec.out_dtype,)
-                self.layouts = tuple(descriptor_layout(block, dt) for block, dt in zip(self.blocks, dtypes))
+                self.layouts = tuple(descriptor_layout(block, descriptor_dtype(self.spec, name))
+                                     for block, name in zip(self.blocks, "QKVO"))
             elif interpreting():
                 patch_interpreter()
             self.module = load_module(self.spec, self.params)

@@ -111,8 +111,8 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     if space.arch == "sm90" and params.dq_mode == "atomic" and params.gluon != 1:
         return "dq_mode atomic on sm90 is the Gluon one pass (gluon=1); the Triton kernel's atomics lost every bucket"
     # The one pass at D=128: its compute partitions need more registers than the worker's dQ
-    # matmul leaves them (588 B spilled) and it ran 0.67-0.74x the shipped backward on the H200;
-    # at D=64 nothing spills and it ran 1.06-1.20x from N=1k (perf-notes v48).
+    # matmul leaves them (580-588 B spilled) and it ran 0.67-0.82x the shipped backward on the
+    # H200; at D=64 nothing spills and it ran 1.06-1.20x from N=1k (perf-notes v48, v51).
     if params.dq_mode == "atomic" and params.gluon == 1 and spec.head_dim != 64:
         return "the one pass (dq_mode atomic, gluon=1) spills above D=64 and measured slower there"
     if params.dq_mode == "matmul" and spec.mask == "causal" and spec.head_dim != 128:
