@@ -309,15 +309,16 @@ def test_deadline_cut_trials_run_on_resume(tmp_path):
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
     space = space_for("sm90")
-    # One round of 40 asks: the static rules prune most of the sm90 space's gluon points, so a
-    # round must be wide to hold the three or more candidates the deadline cuts into.
-    r1 = tune_bucket(B4K, _DeadlineAfter(0), space, storage=storage, name_prefix="t", trials=40, batch=40,
+    # One round of 80 asks: the static rules prune most of the sm90 space's points (gluon and
+    # persistent ones among them), so a round must be wide to hold the candidates the
+    # deadline cuts into.
+    r1 = tune_bucket(B4K, _DeadlineAfter(0), space, storage=storage, name_prefix="t", trials=80, batch=80,
                      deadline=time.time() + 2)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     cut = [t.params for t in study.get_trials(states=(TrialState.FAIL,))]
-    assert cut and r1.trials < 40
-    r2 = tune_bucket(B4K, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=40, batch=8)
-    assert r2.trials == 40  # failed trials did not spend the budget
+    assert cut and r1.trials < 80
+    r2 = tune_bucket(B4K, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=80, batch=8)
+    assert r2.trials == 80  # failed trials did not spend the budget
     decided = [t.params for t in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))]
     assert all(p in decided for p in cut)  # ... and every cut-off point ran
 
@@ -543,10 +544,16 @@ def test_tune_command_body_with_directions(tmp_path):
 
 
 def test_persistent_grids_are_searched_on_sm90_forward_only():
-    assert space_for("sm90").persistent == (0, 2)
+    from fa2gen.tuner.space import prune_reason
+
+    space = space_for("sm90")
+    assert space.persistent == (0, 1, 2)
     assert space_for("sm90", "bwd").persistent == (0,) and space_for("sm80").persistent == (0,)
-    moves = local_moves(space_for("sm90"), bucket_default(B4K, "sm90"))
-    assert {m.persistent for m in moves} == {0, 2}  # the default's one step up
+    default = bucket_default(B4K, "sm90")
+    moves = local_moves(space, default)
+    assert {m.persistent for m in moves} == {0, 1}  # the default's one step up
+    # one program an SM: the Gluon forward's only (a Triton one halves occupancy)
+    assert "Triton" in prune_reason(space, B4K.kernel_spec(), B4K, default.replace(persistent=1))
     assert not any(m.persistent for m in local_moves(space_for("sm90", "bwd"), TuningParams(loads="tma_host")))
 
 
@@ -574,11 +581,11 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     stale = Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210")
     db.put([Entry(validity=stale, bucket=B4K, params=old, measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
                   default_ms=1.2, trials=5)])
-    _, storage, _, _ = _tune(tmp_path, [B4K], trials=6)
+    _, storage, _, _ = _tune(tmp_path, [B4K], trials=2 + len(GLUON_CANDIDATES))
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     assert first[0] == bucket_default(B4K, "sm90") and first[1] == old
-    assert set(GLUON_CANDIDATES) <= set(first[:6])
+    assert set(GLUON_CANDIDATES) <= set(first[:2 + len(GLUON_CANDIDATES)])
 
 
 def test_a_study_of_mostly_pruned_points_ends(tmp_path):

@@ -57,14 +57,14 @@ SPACES = {
     "sm80": SearchSpace("sm80", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4, 5), ("pointer",)),
     "sm86": SearchSpace("sm86", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
     "sm89": SearchSpace("sm89", _TILES[:4], _TILES[:4], (4, 8), (1, 2, 3, 4), ("pointer",)),
-    # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids of two
-    # programs per SM, and the warp-specialised Gluon forward. One Triton program per SM
-    # halves occupancy and measured 0.32-0.78x the plain grid on the H200
-    # (benchmarks/results/persistent-ab-h200.txt), so it is not searched. A 128-row Gluon
+    # Hopper: 228 KB, warp groups of 4 warps, three load paths, persistent grids, and the
+    # warp-specialised Gluon forward. One Triton program per SM halves occupancy and measured
+    # 0.32-0.78x the plain grid on the H200 (benchmarks/results/persistent-ab-h200.txt), so
+    # persistent=1 is searched for the Gluon forward only (prune_reason). A 128-row Gluon
     # program fills an SM alone: its grid of two per SM runs as two waves of persistent
     # programs, each walking half as many tiles, which costs one more prologue per SM.
     "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
-                        persistent=(0, 2), gluon=(0, 1, 2)),
+                        persistent=(0, 1, 2), gluon=(0, 1, 2)),
 }
 
 
@@ -97,9 +97,15 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # spilling, benchmarks/results/registers-bwd-sm90.json.)
     if space.arch == "sm90" and spec.direction == "fwd" and params.num_warps == 8 and params.block_m < 128:
         return "8 warps on sm90 need block_m >= 128 (two 64-row warp groups)"
-    # ptxas for sm90: 24-228 B spilled at 168 registers (fp16 D=64 to bf16 D=128); 128 x 64 none
-    if params.gluon and params.persistent and params.block_m == 128 and params.block_n == 128:
-        return "a persistent Gluon program on 128 x 128 tiles spills (its tile loop holds more registers)"
+    if space.arch == "sm90" and params.persistent == 1 and not params.gluon:
+        return "one persistent Triton program an SM halves occupancy (0.32-0.78x the plain grid on the H200)"
+    # Two persistent Gluon programs an SM on 128 x 128 tiles: their shared memory fits two only at
+    # D=64, where one a SM measured the same (perf-notes v54). One a SM spills 24-204 B (ptxas
+    # for sm90, fp16 D=64 to D=128) and still ran short sequences 1.05-1.12x faster than the
+    # shipped configs on the H200 (v54), as cuDNN's own short forward is persistent on
+    # 128-key blocks.
+    if params.gluon and params.persistent == 2 and params.block_m == 128 and params.block_n == 128:
+        return "two persistent Gluon programs an SM on 128 x 128 tiles: their shared memory fits two only at D=64"
     # Under a causal mask dq_mode matmul's dQ kernel reads the key blocks each 128 queries see,
     # whose skipped tiles the dK/dV kernel zeroes (perf-notes v39, v45): at D=128 it measured
     # 1.04-1.08x the shipped causal backward on the H200 from N=4k with batched matmuls by
@@ -178,6 +184,7 @@ GLUON_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1),
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=2),
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
 )
 
 
