@@ -9,10 +9,11 @@ Every kernel's output is checked against cuDNN's (max abs difference, in the rec
 
 usage (GPU machine; each version a copy of its package and shipped configs):
   git archive BRANCH fa2gen tuned_configs | tar -x -C pkgs/BRANCH
-  PYTHONPATH=pkgs/main python benchmarks/experiments/package_ab.py params params.json
-  python benchmarks/experiments/package_ab.py time pkgs/BRANCH BRANCH params.json records.jsonl
+  PYTHONPATH=pkgs/main python benchmarks/experiments/package_ab.py params params.json [CELLS]
+  python benchmarks/experiments/package_ab.py time pkgs/BRANCH BRANCH params.json records.jsonl [CELLS]
   python benchmarks/experiments/package_ab.py report records.jsonl [BASE]
 
+CELLS, a regular expression over the cell keys ("fp16 D128 N512 causal"), picks some cells.
 The results of perf-notes v33-v35 are in benchmarks/results/fwd-ab-v33-v35/.
 """
 
@@ -27,17 +28,21 @@ import sys
 import time
 
 
-def _cells():
+def _cells(only: str = ""):
+    """The cells, or those whose key matches the regular expression ``only``."""
+    import re
+
     from fa2gen.bench.grid import canonical_grid
 
-    return canonical_grid() + canonical_grid(dtypes=("fp8e4m3",), head_dims=(128,), seqlens=(1024, 4096, 16384))
+    cells = canonical_grid() + canonical_grid(dtypes=("fp8e4m3",), head_dims=(128,), seqlens=(1024, 4096, 16384))
+    return [c for c in cells if re.search(only, _key(c))]
 
 
 def _key(case) -> str:
     return f"{case.dtype} D{case.head_dim} N{case.seqlen} {'causal' if case.causal else 'full'}"
 
 
-def params(path: str) -> None:
+def params(path: str, only: str = "") -> None:
     import torch
 
     from fa2gen.bench.grid import make_inputs
@@ -47,14 +52,14 @@ def params(path: str) -> None:
 
     info = cuda_device_info(0)
     chosen = {}
-    for case in _cells():
+    for case in _cells(only):
         q, k, v = make_inputs(case, torch.device("cuda"))
         chosen[_key(case)] = dataclasses.asdict(select_params(make_problem(q, k, v, causal=case.causal), info))
     with open(path, "w") as f:
         json.dump(chosen, f, indent=1)
 
 
-def timed(package: str, tag: str, params_path: str, records: str) -> None:
+def timed(package: str, tag: str, params_path: str, records: str, only: str = "") -> None:
     sys.path.insert(0, os.path.abspath(package))  # this version's fa2gen, ahead of any installed one
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -74,7 +79,7 @@ def timed(package: str, tag: str, params_path: str, records: str) -> None:
         chosen = json.load(f)
     sm_count = cuda_device_info(0).sm_count
     with open(records, "a") as out:
-        for case in _cells():
+        for case in _cells(only):
             q, k, v = make_inputs(case, torch.device("cuda"))
             problem = make_problem(q, k, v, causal=case.causal)
             p = TuningParams(**chosen[_key(case)])
