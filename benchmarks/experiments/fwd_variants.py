@@ -1,9 +1,10 @@
 """Experiment: Gluon forward variants beside the shipped config and SDPA cuDNN (in bf16 for
 fp8 cells), on canonical-grid cells (B*N = 16k, H = 2048 / D). Each variant's output is poisoned
 with NaN, checked by flash-attention's rule, then timed (do_bench median, L2 flushed). VARIANTS
-holds what the current question needs: persistent programs on 128 x 128 tiles, which the
-sm90 search space leaves out for their spills (cuDNN's short-sequence forward is persistent
-on 128-key blocks: results/ncu-short/).
+holds what the current question needs: one or two persistent programs an SM on 128 x 64
+tiles, whose shared memory at D=128 (128-164 KB) leaves room for one program an SM, so that
+two an SM run as two waves (perf-notes, probe after v55). results/fwd-variants/ holds v54's
+run, of persistent programs on 128 x 128 tiles.
 
 usage: python benchmarks/experiments/fwd_variants.py [--dtypes fp16,bf16] [--head-dims 64,128]
                                                      [--seqlens 512,...] [--out fwd-variants.json]
@@ -27,12 +28,14 @@ from fa2gen.runtime.launch import Launch, forward
 from fa2gen.runtime.problem import make_problem
 
 VARIANTS = {
-    "128x128 s2 p1": TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
-                                  persistent=1),
-    "128x128 s2 p2": TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
-                                  persistent=2),
-    "128x128 s3 p1": TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
-                                  persistent=1),
+    "128x64 s3 p1": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
+                                 persistent=1),
+    "128x64 s3 p2": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
+                                 persistent=2),
+    "128x64 s2 p1": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
+                                 persistent=1),
+    "128x64 s2 p2": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
+                                 persistent=2),
 }
 
 
