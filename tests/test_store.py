@@ -44,6 +44,18 @@ def test_db_round_trip_keeps_the_faster_entry(tmp_path):
     assert len(list(TunedDB(tmp_path / "t.sqlite").entries())) == 1
 
 
+def test_db_put_replace_takes_a_slower_entry_timed_in_the_same_run(tmp_path):
+    db = TunedDB(tmp_path / "t.sqlite")
+    db.put([entry(ms=1.0)])
+    slower = TuningParams(64, 64, 4, 3, "pointer")
+    db.put([entry(ms=1.2, params=slower)])
+    assert db.get(VALID, B).params == TuningParams(128, 64, 4, 2, "tma_host")
+    db.put([entry(ms=1.2, params=slower)], replace=True)
+    got = db.get(VALID, B)
+    assert got.params == slower and got.measurement.median_ms == 1.2
+    assert len(list(db.entries())) == 1
+
+
 def test_db_skips_tampered_rows(tmp_path, caplog):
     path = tmp_path / "t.sqlite"
     TunedDB(path).put([entry(), entry(bucket=Bucket("fwd", "fp16", 64, "none", False, 1, 64, 64, 1))])

@@ -588,6 +588,41 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     assert set(GLUON_CANDIDATES) <= set(first[:2 + len(GLUON_CANDIDATES)])
 
 
+def test_the_stored_entry_competes_in_the_study_and_loses_to_a_faster_point(tmp_path):
+    """A bucket's entry under the current template (another run's, or one imported from a
+    shipped file) is measured in the study; a point that beats it there replaces it, although
+    the entry's own time, taken in another run, is lower than anything this run measures."""
+    from fa2gen.store.records import Entry, Measurement
+
+    db = TunedDB(tmp_path / "tuned.sqlite")
+    held = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host")
+    ev = CostModelEvaluator(optimum=OPTIMUM)
+    assert ev.cost_ms(B4K, held) > ev.cost_ms(B4K, OPTIMUM)
+    db.put([Entry(validity=VALID, bucket=B4K, params=held, measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
+                  default_ms=1.0, trials=5)])
+    _, storage, _, [r] = _tune(tmp_path, [B4K], trials=30, evaluator=ev)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
+    assert first[:2] == [bucket_default(B4K, "sm90"), held]
+    assert held in r.completed and r.best != held
+    entry = db.get(VALID, B4K)
+    assert entry.params == r.best and entry.measurement.median_ms == pytest.approx(ev.cost_ms(B4K, r.best))
+
+
+def test_a_stored_entry_the_study_could_not_time_keeps_its_place(tmp_path):
+    """Where the study never timed the stored entry's params (here they fail to compile), only
+    a faster time replaces it."""
+    from fa2gen.store.records import Entry, Measurement
+
+    db = TunedDB(tmp_path / "tuned.sqlite")
+    held = TuningParams(block_m=64, block_n=64, num_warps=8, num_stages=3, loads="tma_device")  # "fails to compile"
+    db.put([Entry(validity=VALID, bucket=B4K, params=held, measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
+                  default_ms=1.0, trials=5)])
+    _, _, _, [r] = _tune(tmp_path, [B4K], trials=10)
+    assert held not in r.completed
+    assert db.get(VALID, B4K).params == held
+
+
 def test_a_study_of_mostly_pruned_points_ends(tmp_path):
     """Static prunes are free, so a bucket where almost every point fails the rules would ask
     forever: the asks are capped at MAX_ASKS_PER_TRIAL per trial."""

@@ -185,8 +185,9 @@ class TunedDB:
         with Session(self.engine) as session:
             return session.scalar(select(SchemaRow.version))
 
-    def put(self, entries: Iterable[Entry]) -> int:
-        """Insert or improve entries; an existing row is replaced only by a faster one."""
+    def put(self, entries: Iterable[Entry], *, replace: bool = False) -> int:
+        """Insert or improve entries: an existing row is replaced only by a faster one, or by
+        any with ``replace`` (the caller timed both in one run, where the times compare)."""
         rows = [_row_values(e) for e in entries]
         if not rows:
             return 0
@@ -195,7 +196,7 @@ class TunedDB:
         stmt = stmt.on_conflict_do_update(
             index_elements=list(_KEY_COLUMNS),
             set_={c: getattr(excluded, c) for c in rows[0] if c not in _KEY_COLUMNS},
-            where=excluded.median_ms < TunedRow.median_ms,
+            where=None if replace else excluded.median_ms < TunedRow.median_ms,
         )
         with Session(self.engine) as session, session.begin():
             session.execute(stmt)

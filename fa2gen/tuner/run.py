@@ -160,17 +160,25 @@ def tune(
                 pass
         default = bucket_default(bucket, space.arch)
         spec = bucket.kernel_spec()
+        # The entry the database holds for this very bucket (another run's, or one imported
+        # from a shipped file) is measured first, so that it competes in this run's timing.
+        stored = db.get(validity, bucket)
+        held = [stored.params] if stored and prune_reason(bucket_space, spec, bucket, stored.params) is None else []
         earlier = [p for p in earlier_params(db, validity, bucket) if prune_reason(bucket_space, spec, bucket, p) is None]
         result = tune_bucket(
             bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
-            warm_start=(earlier + _dq_twins(bucket, default, bucket_space) + neighbour_params(db, validity, bucket)
-                        + gluon_candidates(bucket_space, spec, bucket) + _moves(bucket, default, bucket_space)),
+            warm_start=(held + earlier + _dq_twins(bucket, default, bucket_space)
+                        + neighbour_params(db, validity, bucket) + gluon_candidates(bucket_space, spec, bucket)
+                        + _moves(bucket, default, bucket_space)),
             default=default,
             on_progress=on_progress,
         )
         if result.best is not None:
+            # Where the study timed the stored entry's params, its winner beat them in one run
+            # and replaces the entry even if the entry's own time, from another run, is lower.
             db.put([Entry(validity=validity, bucket=bucket, params=result.best, measurement=result.measurement,
-                          default_ms=result.default_ms, trials=result.trials)])
+                          default_ms=result.default_ms, trials=result.trials)],
+                   replace=stored is not None and stored.params in result.completed)
         results.append(result)
     return results

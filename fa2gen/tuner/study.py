@@ -41,6 +41,7 @@ class BucketResult:
     default_ms: float | None
     trials: int  # decided trials in the study that the static rules did not prune
     measured: int  # trials measured by this run
+    completed: frozenset[TuningParams] = frozenset()  # every point the study has timed
 
 
 def bucket_seed(seed: int | None, bucket: Bucket) -> int | None:
@@ -312,4 +313,5 @@ def tune_bucket(
         default_ms=default_ms,
         trials=finished(),
         measured=measured,
+        completed=frozenset(params_of(t.params) for t in done),
     )
