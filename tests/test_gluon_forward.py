@@ -254,6 +254,25 @@ def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("persistent", [0, 2], ids=["plain", "persistent2"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000 + 9, 1000 + 9, 128), (1, 4, 4, 300, 100, 128),
+                                   (2, 4, 2, 200, 777, 64)], ids=["square", "nq>nk", "nq<nk"])
+def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, persistent, shape):
+    """On 64-key blocks the first of two partitions stops a block before the tile's last and
+    hands the skipped slots back once they land: every ring depth reuses slots across such
+    tiles, with rows that see no key (Nq > Nk) and more keys than queries (Nq < Nk)."""
+    from helpers import rand_qkv, run_and_check
+
+    params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,
+                          persistent=persistent)
+    q, k, v = rand_qkv(*shape, dtype=torch.bfloat16, device="cuda", seed=sum(shape) + stages)
+    verdict, _, _ = run_and_check(q, k, v, params, causal=True)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 def test_gluon_forward_falls_back_where_descriptors_cannot_go():
     from fa2gen.runtime.defaults import default_params
     from fa2gen.runtime.launch import Launch, gluon_ready
