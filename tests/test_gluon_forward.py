@@ -256,12 +256,13 @@ def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("persistent", [0, 2], ids=["plain", "persistent2"])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 1000 + 9, 1000 + 9, 128), (1, 4, 4, 300, 100, 128),
-                                   (2, 4, 2, 200, 777, 64)], ids=["square", "nq>nk", "nq<nk"])
+@pytest.mark.parametrize("shape", [(8, 16, 4, 1000 + 9, 1000 + 9, 128), (4, 16, 4, 1009, 700, 128),
+                                   (16, 16, 4, 200, 777, 64)], ids=["square", "nq>nk", "nq<nk"])
 def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, persistent, shape):
     """On 64-key blocks the first of two partitions stops a block before the tile's last and
-    hands the skipped slots back once they land: every ring depth reuses slots across such
-    tiles, with rows that see no key (Nq > Nk) and more keys than queries (Nq < Nk)."""
+    hands the skipped slots back once they land, at every ring depth; with more tiles (512-1024)
+    than a persistent grid's 264 programs, each program walks several such tiles, reusing
+    slots across them. Nq > Nk: the first rows see no key; Nq < Nk: more keys than queries."""
     from helpers import rand_qkv, run_and_check
 
     params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,

@@ -44,16 +44,25 @@ def test_db_round_trip_keeps_the_faster_entry(tmp_path):
     assert len(list(TunedDB(tmp_path / "t.sqlite").entries())) == 1
 
 
-def test_db_put_replace_takes_a_slower_entry_timed_in_the_same_run(tmp_path):
+def test_db_put_superseding_takes_a_slower_entry_while_the_row_is_unchanged(tmp_path):
+    """A study that timed the stored entry beside its own winner replaces it, slower time or
+    not; if another writer changed the row meanwhile, only a faster entry replaces that."""
     db = TunedDB(tmp_path / "t.sqlite")
     db.put([entry(ms=1.0)])
+    held = db.get(VALID, B)
     slower = TuningParams(64, 64, 4, 3, "pointer")
     db.put([entry(ms=1.2, params=slower)])
-    assert db.get(VALID, B).params == TuningParams(128, 64, 4, 2, "tma_host")
-    db.put([entry(ms=1.2, params=slower)], replace=True)
+    assert db.get(VALID, B) == held
+    db.put([entry(ms=1.2, params=slower)], superseding=held)
     got = db.get(VALID, B)
     assert got.params == slower and got.measurement.median_ms == 1.2
     assert len(list(db.entries())) == 1
+    other = TuningParams(32, 32, 4, 1, "pointer")
+    db.put([entry(ms=1.3, params=other)], superseding=held)  # the row is no longer `held`
+    assert db.get(VALID, B).params == slower
+    with pytest.raises(ValueError, match="superseding"):
+        db.put([entry(ms=1.3, params=other), entry(ms=1.3, bucket=Bucket.parse(B.key.replace("q1024", "q512")))],
+               superseding=held)
 
 
 def test_db_skips_tampered_rows(tmp_path, caplog):

@@ -551,9 +551,11 @@ def test_persistent_grids_are_searched_on_sm90_forward_only():
     assert space_for("sm90", "bwd").persistent == (0,) and space_for("sm80").persistent == (0,)
     default = bucket_default(B4K, "sm90")
     moves = local_moves(space, default)
-    assert {m.persistent for m in moves} == {0, 1}  # the default's one step up
-    # one program an SM: the Gluon forward's only (a Triton one halves occupancy)
+    assert {m.persistent for m in moves} == {0, 1, 2}
+    # one program an SM: the Gluon forward's only (a Triton one halves occupancy), so that the
+    # Triton default's persistent move that stands is two an SM
     assert "Triton" in prune_reason(space, B4K.kernel_spec(), B4K, default.replace(persistent=1))
+    assert prune_reason(space, B4K.kernel_spec(), B4K, default.replace(persistent=2)) is None
     assert not any(m.persistent for m in local_moves(space_for("sm90", "bwd"), TuningParams(loads="tma_host")))
 
 
@@ -615,10 +617,13 @@ def test_a_stored_entry_the_study_could_not_time_keeps_its_place(tmp_path):
     from fa2gen.store.records import Entry, Measurement
 
     db = TunedDB(tmp_path / "tuned.sqlite")
-    held = TuningParams(block_m=64, block_n=64, num_warps=8, num_stages=3, loads="tma_device")  # "fails to compile"
+    held = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_device")  # "fails to compile"
     db.put([Entry(validity=VALID, bucket=B4K, params=held, measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
                   default_ms=1.0, trials=5)])
-    _, _, _, [r] = _tune(tmp_path, [B4K], trials=10)
+    _, storage, _, [r] = _tune(tmp_path, [B4K], trials=10)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    [trial] = [t for t in study.get_trials() if TuningParams(**t.params) == held]
+    assert trial.state == TrialState.PRUNED and "CompileError" in trial.user_attrs["prune_reason"]
     assert held not in r.completed
     assert db.get(VALID, B4K).params == held
 

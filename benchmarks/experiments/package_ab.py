@@ -78,8 +78,11 @@ def timed(package: str, tag: str, params_path: str, records: str, only: str = ""
     with open(params_path) as f:
         chosen = json.load(f)
     sm_count = cuda_device_info(0).sm_count
+    cases = [c for c in _cells(only) if _key(c) in chosen]  # the cells the params file has
+    if not cases:
+        raise SystemExit(f"package_ab: no cell of {params_path} matches {only!r}")
     with open(records, "a") as out:
-        for case in _cells(only):
+        for case in cases:
             q, k, v = make_inputs(case, torch.device("cuda"))
             problem = make_problem(q, k, v, causal=case.causal)
             p = TuningParams(**chosen[_key(case)])
@@ -101,13 +104,16 @@ def timed(package: str, tag: str, params_path: str, records: str, only: str = ""
 
 
 def report(records: str, base: str = "main") -> None:
-    """Per cell and version: the median over runs of (time / cuDNN's), over the base's."""
+    """Per cell and version: the median over runs of (time / cuDNN's), over the base's; and of
+    the raw times, which cuDNN's own spread between passes does not move."""
     runs = collections.defaultdict(list)
+    raw = collections.defaultdict(list)
     labels, tags = {}, []
     with open(records) as f:
         for line in f:
             r = json.loads(line)
             runs[(r["tag"], r["cell"])].append(r["ms"] / r["cudnn_ms"])
+            raw[(r["tag"], r["cell"])].append(r["ms"])
             labels[r["cell"]] = r["label"]
             if r["tag"] not in tags:
                 tags.append(r["tag"])
@@ -117,13 +123,14 @@ def report(records: str, base: str = "main") -> None:
         xs = sorted(xs)
         return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
-    def rel(tag, cell):
-        return median(runs[(tag, cell)]) / median(runs[(base, cell)])
+    def rel(tag, cell, times=runs):
+        return median(times[(tag, cell)]) / median(times[(base, cell)])
 
-    print(f"time over {base}'s (below 1: faster); cuDNN-normalised, median of runs")
+    print(f"time over {base}'s (below 1: faster), median of runs: cuDNN-normalised / raw")
     print(f"{'cell':28s} {'params':48s} " + " ".join(f"{t[:15]:>15s}" for t in others))
     for cell in labels:
-        print(f"{cell:28s} {labels[cell][:48]:48s} " + " ".join(f"{rel(t, cell):15.3f}" for t in others))
+        print(f"{cell:28s} {labels[cell][:48]:48s} "
+              + " ".join(f"{rel(t, cell):7.3f} /{rel(t, cell, raw):6.3f}" for t in others))
     groups = {
         "Gluon persistent": lambda c: "persistent" in labels[c] and "gluon" in labels[c],
         "Gluon, causal": lambda c: "gluon" in labels[c] and c.endswith("causal"),

@@ -185,18 +185,28 @@ class TunedDB:
         with Session(self.engine) as session:
             return session.scalar(select(SchemaRow.version))
 
-    def put(self, entries: Iterable[Entry], *, replace: bool = False) -> int:
-        """Insert or improve entries: an existing row is replaced only by a faster one, or by
-        any with ``replace`` (the caller timed both in one run, where the times compare)."""
+    def put(self, entries: Iterable[Entry], *, superseding: Entry | None = None) -> int:
+        """Insert or improve entries: an existing row is replaced by a faster one, or by any
+        where the row is still ``superseding`` (same params, time and date), the entry the
+        caller timed again beside the new one, in one study where the times compare; a row
+        another writer changed meanwhile is then replaced only by a faster one."""
         rows = [_row_values(e) for e in entries]
         if not rows:
             return 0
         stmt = sqlite_insert(TunedRow).values(rows)
         excluded = stmt.excluded
+        faster = excluded.median_ms < TunedRow.median_ms
+        if superseding is not None:
+            if len(rows) != 1 or rows[0]["bucket"] != superseding.bucket.key:
+                raise ValueError("put: superseding applies to one entry of its own bucket")
+            old = _row_values(superseding)
+            unchanged = ((TunedRow.params == old["params"]) & (TunedRow.median_ms == old["median_ms"])
+                         & (TunedRow.created_at == old["created_at"]))
+            faster = faster | unchanged
         stmt = stmt.on_conflict_do_update(
             index_elements=list(_KEY_COLUMNS),
             set_={c: getattr(excluded, c) for c in rows[0] if c not in _KEY_COLUMNS},
-            where=None if replace else excluded.median_ms < TunedRow.median_ms,
+            where=faster,
         )
         with Session(self.engine) as session, session.begin():
             session.execute(stmt)

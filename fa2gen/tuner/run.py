@@ -160,8 +160,8 @@ def tune(
                 pass
         default = bucket_default(bucket, space.arch)
         spec = bucket.kernel_spec()
-        # The entry the database holds for this very bucket (another run's, or one imported
-        # from a shipped file) is measured first, so that it competes in this run's timing.
+        # The entry the database holds for this very bucket (another study's, or one imported
+        # from a shipped file) is measured early, so that it competes in this study's timing.
         stored = db.get(validity, bucket)
         held = [stored.params] if stored and prune_reason(bucket_space, spec, bucket, stored.params) is None else []
         earlier = [p for p in earlier_params(db, validity, bucket) if prune_reason(bucket_space, spec, bucket, p) is None]
@@ -175,10 +175,11 @@ def tune(
             on_progress=on_progress,
         )
         if result.best is not None:
-            # Where the study timed the stored entry's params, its winner beat them in one run
-            # and replaces the entry even if the entry's own time, from another run, is lower.
+            # Where the study timed the stored entry's params, its winner beat them in one
+            # study and replaces the entry even if the entry's own time, from another, is lower.
+            compared = stored is not None and stored.params in result.completed
             db.put([Entry(validity=validity, bucket=bucket, params=result.best, measurement=result.measurement,
                           default_ms=result.default_ms, trials=result.trials)],
-                   replace=stored is not None and stored.params in result.completed)
+                   superseding=stored if compared else None)
         results.append(result)
     return results

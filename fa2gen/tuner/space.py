@@ -61,8 +61,9 @@ SPACES = {
     # warp-specialised Gluon forward. One Triton program per SM halves occupancy and measured
     # 0.32-0.78x the plain grid on the H200 (benchmarks/results/persistent-ab-h200.txt), so
     # persistent=1 is searched for the Gluon forward only (prune_reason). A 128-row Gluon
-    # program fills an SM alone: its grid of two per SM runs as two waves of persistent
-    # programs, each walking half as many tiles, which costs one more prologue per SM.
+    # program fills an SM alone at D=128: its grid of two per SM runs as two waves, each
+    # program walking half as many tiles, which under the causal mask on 128 x 64 tiles ran
+    # ahead of one an SM (perf-notes, the probes after v55; three or four an SM fell behind).
     "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
                         persistent=(0, 1, 2), gluon=(0, 1, 2)),
 }
@@ -147,7 +148,9 @@ BWD_SPACES = {
 }
 
 # Knobs whose values are ordered (sizes, counts): a local move goes to the next value either side.
-_ORDERED = {"block_m", "block_n", "num_warps", "num_stages", "persistent"}
+# (persistent is not: one program an SM is the Gluon forward's alone, so that from the plain
+# grid a Triton program's only persistent move is two an SM.)
+_ORDERED = {"block_m", "block_n", "num_warps", "num_stages"}
 
 
 def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
