@@ -27,16 +27,12 @@ from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import Launch, forward
 from fa2gen.runtime.problem import make_problem
 
-VARIANTS = {
-    "128x64 s3 p1": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
-                                 persistent=1),
-    "128x64 s3 p2": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
-                                 persistent=2),
-    "128x64 s2 p1": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
-                                 persistent=1),
-    "128x64 s2 p2": TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
-                                 persistent=2),
-}
+def _two_groups(block_n: int, stages: int, persistent: int) -> TuningParams:
+    return TuningParams(block_m=128, block_n=block_n, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,
+                        persistent=persistent)
+
+
+VARIANTS = {f"128x64 s{s} p{p}": _two_groups(64, s, p) for s in (3, 2) for p in (1, 2)}
 
 
 def timed(case, q, k, v, problem, params):

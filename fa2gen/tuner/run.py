@@ -163,12 +163,13 @@ def tune(
         # The entry the database holds for this very bucket (another study's, or one imported
         # from a shipped file) is measured early, so that it competes in this study's timing.
         stored = db.get(validity, bucket)
-        held = [stored.params] if stored and prune_reason(bucket_space, spec, bucket, stored.params) is None else []
-        earlier = [p for p in earlier_params(db, validity, bucket) if prune_reason(bucket_space, spec, bucket, p) is None]
+        own = [stored.params] if stored else []
+        kept = [p for p in own + earlier_params(db, validity, bucket)
+                if prune_reason(bucket_space, spec, bucket, p) is None]
         result = tune_bucket(
             bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
             sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
-            warm_start=(held + earlier + _dq_twins(bucket, default, bucket_space)
+            warm_start=(kept + _dq_twins(bucket, default, bucket_space)
                         + neighbour_params(db, validity, bucket) + gluon_candidates(bucket_space, spec, bucket)
                         + _moves(bucket, default, bucket_space)),
             default=default,
