@@ -59,7 +59,15 @@ def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
     assert walking.replace("PERSISTENT = 1", "PERSISTENT = 2") == next(iter(bodies[2]))
     assert "if True:  # one tile per program" in plain and "num_tiles, gl.num_programs(0))" not in plain
     assert plain.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 0
-    assert walking.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 2  # loader and compute
+    # under the causal mask a persistent program's loader claims tiles from a counter and posts
+    # each to the compute partitions; without a mask (equal tiles) programs walk every P-th
+    assert walking.count("while t < num_tiles:") == 2 and walking.count("gl.atomic_add(TILES, 1)") == 2
+    assert "range(gl.program_id(0), num_tiles" not in walking and "TILES" not in plain
+    full = KernelSpec(dtype="bf16", head_dim=128)
+    unmasked = render(full, TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host",
+                                         gluon=2, persistent=1), name="t")
+    assert unmasked.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 2  # loader and compute
+    assert "TILES" not in unmasked
     assert not [p for p in param_space(KernelSpec(head_dim=96)) if p.gluon]
     with pytest.raises(SpecError, match="gluon"):
         TuningParams(gluon=3)

@@ -195,6 +195,8 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
             signature[name] = "*fp32"
         elif name == "DQ_PTR":
             signature[name] = f"*{_TRITON_TYPES[spec.dtype]}"
+        elif name == "TILES":  # the causal persistent forward's tile counter
+            signature[name] = "*i32"
         elif name == "sm_scale":
             signature[name] = "fp32"
         else:

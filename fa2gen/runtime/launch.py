@@ -183,6 +183,21 @@ def window_extents(problem: Problem) -> tuple[int, int]:
     return left, right
 
 
+_TILE_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def tile_counter(device: torch.device) -> torch.Tensor:
+    """The causal persistent Gluon forward's tile counter on ``device``'s current stream: two
+    int32 zeros that its programs count up and its last program sets back to zero. Kernels of
+    one stream run in turn, so they share one; two streams could run two kernels at once, so
+    each stream has its own."""
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    counter = _TILE_COUNTERS.get(key)
+    if counter is None:
+        counter = _TILE_COUNTERS.setdefault(key, torch.zeros(2, dtype=torch.int32, device=device))
+    return counter
+
+
 class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
@@ -305,6 +320,8 @@ class Launch:
             args.append(lse)
             if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
                 args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
+            if self.params.persistent and self.spec.mask == "causal":  # tiles from a counter
+                args.append(tile_counter(q.device))
             return kernel, [*args, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
         if self.params.loads == "tma_host":
             args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
