@@ -282,6 +282,36 @@ def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, per
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
+def test_causal_tile_counter_is_left_at_zero_on_each_stream():
+    """The causal persistent forward's programs claim tiles from a counter that its last
+    program sets back to zero: launches one after another on a stream, and on another
+    stream with its own counter, each compute every tile."""
+    from fa2gen.bench.correctness import check_forward
+    from fa2gen.runtime.launch import forward, tile_counter
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_qkv
+
+    params = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2,
+                          persistent=1)
+    q, k, v = rand_qkv(4, 16, 4, 1000 + 9, 1000 + 9, 128, dtype=torch.float16, device="cuda", seed=5)
+    problem = make_problem(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), torch.cuda.current_stream(), side):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((4, 16, 1009), float("nan"), device="cuda")
+            forward(q, k, v, problem, params, out=out, lse=lse)
+            counter = tile_counter(q.device)
+        torch.cuda.synchronize()
+        assert counter.tolist() == [0, 0]
+        verdict = check_forward(q, k, v, problem, out, lse)
+        assert verdict.ok, str(verdict)
+    assert tile_counter(q.device).data_ptr() != counter.data_ptr()  # the side stream's own
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 def test_gluon_forward_falls_back_where_descriptors_cannot_go():
     from fa2gen.runtime.defaults import default_params
     from fa2gen.runtime.launch import Launch, gluon_ready
