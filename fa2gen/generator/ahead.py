@@ -165,7 +165,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
     fn = getattr(module, kernel)
     constexprs, signature = gluon_signature(module, spec, params, kernel)
     keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR")
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR", "TILES")
              if name in fn.arg_names}  # (pointers only: the one pass's DQACC is a descriptor)
     source = GluonASTSource(fn, signature, keys, attrs)
     options = dict(module.LAUNCH)

@@ -190,7 +190,11 @@ def tile_counter(device: torch.device) -> torch.Tensor:
     """The causal persistent Gluon forward's tile counter on ``device``'s current stream: two
     int32 zeros that its programs count up and its last program sets back to zero. Kernels of
     one stream run in turn, so they share one; two streams could run two kernels at once, so
-    each stream has its own."""
+    each stream has its own. Under graph capture each launch gets a counter of its own, whose
+    zero fill the graph replays before it: a cached one first made during capture would be
+    filled only on replay, and every graph is captured on one stream."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     counter = _TILE_COUNTERS.get(key)
     if counter is None:
