@@ -263,18 +263,18 @@ class Launch:
     def run(self, q, k, v, out, lse, *, descales=None, compile_only: bool = False) -> None:
         """``descales``: for fp8 inputs, the three (factor, stride_b, stride_h) of
         ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here."""
-        if self.spec.fp8:
-            v = transposed_v(v)
         self._launch(q, k, v, out, lse, descales, compile_only)
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
+        # fp8: V transposed, its keys in P's order where the Gluon kernel reads it
+        vt = transposed_v(v, key_order=bool(self.params.gluon)) if self.spec.fp8 else v
         if self.params.gluon:
-            runs_here = self._gluon_devices(q.device) and tma_compatible(q, k, v, out)
+            runs_here = self._gluon_devices(q.device) and tma_compatible(q, k, vt, out)
         else:
-            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out)
+            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(q, k, vt, out)
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
-        kernel, args, options = self.prepared(q, k, v, out, lse, descales)
+        kernel, args, options = self.prepared(q, k, vt, out, lse, descales)
         if compile_only:
             kernel.warmup(*args, grid=self.grid, **options)
         else:
@@ -282,7 +282,7 @@ class Launch:
 
     def prepared(self, q, k, v, out, lse, descales=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
-        already transposed), so that ``kernel[self.grid](*arguments, **options)`` runs it;
+        already transposed, by ``transposed_v(v, key_order=bool(params.gluon))``), so that ``kernel[self.grid](*arguments, **options)`` runs it;
         benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
         if self.spec.fp8 and descales is None:
             descales = check_descales(self.problem, q.device, None, None, None)
