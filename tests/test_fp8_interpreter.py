@@ -268,6 +268,26 @@ def test_transposed_v_in_key_order_matches_the_gluon_forwards_p(layout):
     assert torch.allclose(p[:, order] @ vt[0, 0].to(torch.float64).T, p[:, :37] @ dense.T)
 
 
+def test_a_gluon_fp8_call_that_falls_back_stages_v_once_in_plain_order(monkeypatch):
+    """A Gluon fp8 launch that cannot run here (the interpreter) falls back to the Triton
+    template, which reads V in plain key order: V is staged once, for that kernel, and the
+    answer holds with Nk not a multiple of 16."""
+    import fa2gen.runtime.launch as launch_mod
+
+    calls = []
+    real = launch_mod.transposed_v
+
+    def spy(v, *, key_order=False):
+        calls.append(key_order)
+        return real(v, key_order=key_order)
+
+    monkeypatch.setattr(launch_mod, "transposed_v", spy)
+    params = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2)
+    verdict, _, _ = run_fp8(*quantized(1, 2, 2, 21, 37, 64), params)
+    assert verdict.ok, str(verdict)
+    assert calls == [False]
+
+
 def test_fp8_reference_path_without_the_interpreter(monkeypatch):
     """CPU tensors without the interpreter: PyTorch attention over the dequantized values,
     returned in bf16 as the kernel returns it."""

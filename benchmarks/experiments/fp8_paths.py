@@ -44,7 +44,8 @@ def main() -> None:
                 out, lse = forward(q, k, v, problem, params, descales=descales)
                 verdict = check_forward(q, k, v, problem, out, lse, descales=descales)
                 whole = measure(lambda: forward(q, k, v, problem, params, descales=descales)).median_ms
-                launch, vt = Launch(problem, params), transposed_v(v, key_order=bool(params.gluon))
+                launch = Launch(problem, params)
+                vt = launch.staged_v(v)
                 out = torch.empty(q.shape, device="cuda", dtype=torch.bfloat16)
                 fn, args, options = launch.prepared(q, k, vt, out, lse, descales)
                 kernel = measure(lambda: fn[launch.grid](*args, **options)).median_ms
