@@ -282,18 +282,24 @@ class Launch:
     def run(self, q, k, v, out, lse, *, descales=None, compile_only: bool = False) -> None:
         """``descales``: for fp8 inputs, the three (factor, stride_b, stride_h) of
         ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here."""
-        if self.spec.fp8:
-            v = transposed_v(v)
         self._launch(q, k, v, out, lse, descales, compile_only)
 
+    def staged_v(self, v: torch.Tensor) -> torch.Tensor:
+        """V as this launch's kernel reads it: for fp8, transposed, and with its keys in P's
+        order where the kernel is the Gluon one (``transposed_v(key_order=True)``)."""
+        return transposed_v(v, key_order=bool(self.params.gluon)) if self.spec.fp8 else v
+
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
+        # fp8's staged V is new, contiguous and padded for descriptors: only the caller's
+        # tensors decide where the kernel runs, and V is staged once, for the kernel that does
+        given = (q, k, out) if self.spec.fp8 else (q, k, v, out)
         if self.params.gluon:
-            runs_here = self._gluon_devices(q.device) and tma_compatible(q, k, v, out)
+            runs_here = self._gluon_devices(q.device) and tma_compatible(*given)
         else:
-            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out)
+            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given)
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
-        kernel, args, options = self.prepared(q, k, v, out, lse, descales)
+        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales)
         if compile_only:
             kernel.warmup(*args, grid=self.grid, **options)
         else:
@@ -301,7 +307,7 @@ class Launch:
 
     def prepared(self, q, k, v, out, lse, descales=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
-        already transposed), so that ``kernel[self.grid](*arguments, **options)`` runs it;
+        as ``staged_v`` gives it), so that ``kernel[self.grid](*arguments, **options)`` runs it;
         benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
         if self.spec.fp8 and descales is None:
             descales = check_descales(self.problem, q.device, None, None, None)
