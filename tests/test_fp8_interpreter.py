@@ -246,6 +246,48 @@ def test_transposed_v_is_an_exact_transpose(layout):
     assert torch.equal(vt.view(torch.uint8), v.transpose(-1, -2).view(torch.uint8))
 
 
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_transposed_v_in_key_order_matches_the_gluon_forwards_p(layout):
+    """key_order: key 8a + 2q + b of each 16-key group at column 4q + 2a + b, the order the
+    Gluon forward's P takes for its matmul (the same reshape and permute of P's columns), and
+    zeros past Nk, so that P @ V is unchanged."""
+    from fa2gen.runtime.fp8 import transposed_v
+
+    (_, _, v), _ = quantized(2, 3, 3, 5, 37, 72, layout=layout)
+    vt = transposed_v(v, key_order=True)
+    assert vt.shape == (2, 3, 72, 48) and vt.stride(-2) % 16 == 0
+    plain = torch.zeros(2, 3, 72, 48, dtype=torch.uint8)
+    plain[..., :37] = v.transpose(-1, -2).view(torch.uint8)
+    # the kernel's permutation of P's columns, applied to V^T's: P2 @ V2 = P @ V
+    order = torch.arange(48).reshape(3, 2, 4, 2).permute(0, 2, 1, 3).reshape(48)
+    assert torch.equal(vt.view(torch.uint8), plain[..., order])
+    assert order[:16].tolist() == [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]
+    p = torch.randn(5, 48, dtype=torch.float64)
+    p[:, 37:] = 0  # masked keys
+    dense = v.transpose(-1, -2)[0, 0].to(torch.float64)  # (D, Nk)
+    assert torch.allclose(p[:, order] @ vt[0, 0].to(torch.float64).T, p[:, :37] @ dense.T)
+
+
+def test_a_gluon_fp8_call_that_falls_back_stages_v_once_in_plain_order(monkeypatch):
+    """A Gluon fp8 launch that cannot run here (the interpreter) falls back to the Triton
+    template, which reads V in plain key order: V is staged once, for that kernel, and the
+    answer holds with Nk not a multiple of 16."""
+    import fa2gen.runtime.launch as launch_mod
+
+    calls = []
+    real = launch_mod.transposed_v
+
+    def spy(v, *, key_order=False):
+        calls.append(key_order)
+        return real(v, key_order=key_order)
+
+    monkeypatch.setattr(launch_mod, "transposed_v", spy)
+    params = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2)
+    verdict, _, _ = run_fp8(*quantized(1, 2, 2, 21, 37, 64), params)
+    assert verdict.ok, str(verdict)
+    assert calls == [False]
+
+
 def test_fp8_reference_path_without_the_interpreter(monkeypatch):
     """CPU tensors without the interpreter: PyTorch attention over the dequantized values,
     returned in bf16 as the kernel returns it."""

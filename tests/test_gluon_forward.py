@@ -59,7 +59,15 @@ def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
     assert walking.replace("PERSISTENT = 1", "PERSISTENT = 2") == next(iter(bodies[2]))
     assert "if True:  # one tile per program" in plain and "num_tiles, gl.num_programs(0))" not in plain
     assert plain.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 0
-    assert walking.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 2  # loader and compute
+    # under the causal mask a persistent program's loader claims tiles from a counter and posts
+    # each to the compute partitions; without a mask (equal tiles) programs walk every P-th
+    assert walking.count("while t < num_tiles:") == 2 and walking.count("gl.atomic_add(TILES, 1, ") == 2
+    assert "range(gl.program_id(0), num_tiles" not in walking and "TILES" not in plain
+    full = KernelSpec(dtype="bf16", head_dim=128)
+    unmasked = render(full, TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host",
+                                         gluon=2, persistent=1), name="t")
+    assert unmasked.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 2  # loader and compute
+    assert "TILES" not in unmasked
     assert not [p for p in param_space(KernelSpec(head_dim=96)) if p.gluon]
     with pytest.raises(SpecError, match="gluon"):
         TuningParams(gluon=3)
@@ -270,6 +278,76 @@ def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, per
     q, k, v = rand_qkv(*shape, dtype=torch.bfloat16, device="cuda", seed=sum(shape) + stages)
     verdict, _, _ = run_and_check(q, k, v, params, causal=True)
     assert verdict.ok, str(verdict)
+
+
+QUEUED = [TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
+          TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("params", QUEUED, ids=lambda p: p.label())
+def test_causal_tile_counter_is_left_at_zero_on_each_stream(params):
+    """The causal persistent forward's programs claim tiles from a counter that its last
+    program sets back to zero: launches one after another on a stream, and on another
+    stream with its own counter, each compute every tile (one and two compute partitions)."""
+    from fa2gen.bench.correctness import check_forward
+    from fa2gen.runtime.launch import forward, tile_counter
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_qkv
+
+    q, k, v = rand_qkv(4, 16, 4, 1000 + 9, 1000 + 9, 128, dtype=torch.float16, device="cuda", seed=5)
+    problem = make_problem(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), torch.cuda.current_stream(), side):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = torch.full_like(q, float("nan"))
+            lse = torch.full((4, 16, 1009), float("nan"), device="cuda")
+            forward(q, k, v, problem, params, out=out, lse=lse)
+            counter = tile_counter(q.device)
+        torch.cuda.synchronize()
+        assert counter.tolist() == [0, 0]
+        verdict = check_forward(q, k, v, problem, out, lse)
+        assert verdict.ok, str(verdict)
+    assert tile_counter(q.device).data_ptr() != counter.data_ptr()  # the side stream's own
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
+def test_causal_queue_under_cuda_graphs():
+    """Two graphs of the causal persistent forward, captured on the one capture stream and
+    replayed in the other order, then an eager call: each has a counter its replay zeroes."""
+    from fa2gen.bench.correctness import check_forward
+    from fa2gen.runtime.launch import Launch, forward
+    from fa2gen.runtime.problem import make_problem
+    from helpers import rand_qkv
+
+    params = QUEUED[0]
+    cases = []
+    for seed in (1, 2):
+        q, k, v = rand_qkv(2, 16, 4, 700 + seed, 700 + seed, 128, dtype=torch.bfloat16, device="cuda", seed=seed)
+        problem = make_problem(q, k, v, causal=True)
+        launch = Launch(problem, params)
+        out = torch.empty_like(q)
+        lse = torch.empty(problem.batch, problem.heads_q, problem.seqlen_q, device="cuda")
+        forward(q, k, v, problem, params, out=out, lse=lse, launch=launch)  # compiled outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward(q, k, v, problem, params, out=out, lse=lse, launch=launch)
+        cases.append((q, k, v, problem, out, lse, graph))
+    for q, k, v, problem, out, lse, graph in reversed(cases):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        verdict = check_forward(q, k, v, problem, out, lse)
+        assert verdict.ok, str(verdict)
+    q, k, v, problem, out, lse, _ = cases[0]
+    out.fill_(float("nan"))
+    forward(q, k, v, problem, params, out=out, lse=lse)
+    assert check_forward(q, k, v, problem, out, lse).ok
 
 
 @pytest.mark.gpu

@@ -44,9 +44,11 @@ def main() -> None:
                 out, lse = forward(q, k, v, problem, params, descales=descales)
                 verdict = check_forward(q, k, v, problem, out, lse, descales=descales)
                 whole = measure(lambda: forward(q, k, v, problem, params, descales=descales)).median_ms
-                launch, vt = Launch(problem, params), transposed_v(v)
+                launch = Launch(problem, params)
+                vt = launch.staged_v(v)
                 out = torch.empty(q.shape, device="cuda", dtype=torch.bfloat16)
-                kernel = measure(lambda: launch._launch(q, k, vt, out, lse, descales, False)).median_ms
+                fn, args, options = launch.prepared(q, k, vt, out, lse, descales)
+                kernel = measure(lambda: fn[launch.grid](*args, **options)).median_ms
                 print(f"  {params.label():32s} call {flops / whole / 1e9:6.1f}  kernel {flops / kernel / 1e9:6.1f} "
                       f"TFLOP/s  {verdict}", flush=True)
             except Exception as e:  # a tile that fails to compile or fit is a result here

@@ -165,7 +165,7 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
     fn = getattr(module, kernel)
     constexprs, signature = gluon_signature(module, spec, params, kernel)
     keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR")
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR", "TILES")
              if name in fn.arg_names}  # (pointers only: the one pass's DQACC is a descriptor)
     source = GluonASTSource(fn, signature, keys, attrs)
     options = dict(module.LAUNCH)
@@ -195,6 +195,8 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
             signature[name] = "*fp32"
         elif name == "DQ_PTR":
             signature[name] = f"*{_TRITON_TYPES[spec.dtype]}"
+        elif name == "TILES":  # the causal persistent forward's tile counter
+            signature[name] = "*i32"
         elif name == "sm_scale":
             signature[name] = "fp32"
         else:

@@ -183,6 +183,25 @@ def window_extents(problem: Problem) -> tuple[int, int]:
     return left, right
 
 
+_TILE_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def tile_counter(device: torch.device) -> torch.Tensor:
+    """The causal persistent Gluon forward's tile counter on ``device``'s current stream: two
+    int32 zeros that its programs count up and its last program sets back to zero. Kernels of
+    one stream run in turn, so they share one; two streams could run two kernels at once, so
+    each stream has its own. Under graph capture each launch gets a counter of its own, whose
+    zero fill the graph replays before it: a cached one first made during capture would be
+    filled only on replay, and every graph is captured on one stream."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    counter = _TILE_COUNTERS.get(key)
+    if counter is None:
+        counter = _TILE_COUNTERS.setdefault(key, torch.zeros(2, dtype=torch.int32, device=device))
+    return counter
+
+
 class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
@@ -263,18 +282,24 @@ class Launch:
     def run(self, q, k, v, out, lse, *, descales=None, compile_only: bool = False) -> None:
         """``descales``: for fp8 inputs, the three (factor, stride_b, stride_h) of
         ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here."""
-        if self.spec.fp8:
-            v = transposed_v(v)
         self._launch(q, k, v, out, lse, descales, compile_only)
 
+    def staged_v(self, v: torch.Tensor) -> torch.Tensor:
+        """V as this launch's kernel reads it: for fp8, transposed, and with its keys in P's
+        order where the kernel is the Gluon one (``transposed_v(key_order=True)``)."""
+        return transposed_v(v, key_order=bool(self.params.gluon)) if self.spec.fp8 else v
+
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
+        # fp8's staged V is new, contiguous and padded for descriptors: only the caller's
+        # tensors decide where the kernel runs, and V is staged once, for the kernel that does
+        given = (q, k, out) if self.spec.fp8 else (q, k, v, out)
         if self.params.gluon:
-            runs_here = self._gluon_devices(q.device) and tma_compatible(q, k, v, out)
+            runs_here = self._gluon_devices(q.device) and tma_compatible(*given)
         else:
-            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, out)
+            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given)
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
-        kernel, args, options = self.prepared(q, k, v, out, lse, descales)
+        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales)
         if compile_only:
             kernel.warmup(*args, grid=self.grid, **options)
         else:
@@ -282,7 +307,7 @@ class Launch:
 
     def prepared(self, q, k, v, out, lse, descales=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
-        already transposed), so that ``kernel[self.grid](*arguments, **options)`` runs it;
+        as ``staged_v`` gives it), so that ``kernel[self.grid](*arguments, **options)`` runs it;
         benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
         if self.spec.fp8 and descales is None:
             descales = check_descales(self.problem, q.device, None, None, None)
@@ -305,6 +330,8 @@ class Launch:
             args.append(lse)
             if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
                 args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
+            if self.params.persistent and self.spec.mask == "causal":  # tiles from a counter
+                args.append(tile_counter(q.device))
             return kernel, [*args, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
         if self.params.loads == "tma_host":
             args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
