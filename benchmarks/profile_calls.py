@@ -11,7 +11,10 @@ inside the NVTX range "profile", so that ncu can skip everything else. Example:
       python benchmarks/profile_calls.py --direction bwd --shape 2,16,8192,128 --causal
 
 usage: python benchmarks/profile_calls.py [--direction fwd|bwd] [--provider fa2gen|sdpa-cudnn|gluon] [--variant I]
-       [--shape B,H,N,D] [--dtype fp16|bf16] [--causal] [--calls N] [--dq-mode separate|atomic]
+       [--shape B,H,N,D] [--dtype fp16|bf16|fp8e4m3] [--causal] [--calls N] [--dq-mode separate|atomic]
+
+fp8e4m3 profiles fa2gen's forward only (each call also launches V's staged copy, whose kernel
+is named "transpose": a --kernel-name regex:attn_fwd skips it).
 """
 
 from __future__ import annotations
@@ -48,13 +51,15 @@ def main() -> None:
     ap.add_argument("--provider", choices=("fa2gen", "sdpa-cudnn", "gluon"), default="fa2gen")
     ap.add_argument("--variant", type=int, default=0, help="with --provider gluon: index into gluon_fwd.VARIANTS")
     ap.add_argument("--shape", default="2,16,8192,128", help="B,H,N,D")
-    ap.add_argument("--dtype", choices=("fp16", "bf16"), default="bf16")
+    ap.add_argument("--dtype", choices=("fp16", "bf16", "fp8e4m3"), default="bf16")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--dq-mode", choices=("separate", "atomic"))
     args = ap.parse_args()
     if args.provider == "gluon" and args.direction != "fwd":
         ap.error("--provider gluon profiles the forward only (add --direction fwd)")
+    if args.dtype == "fp8e4m3" and (args.direction != "fwd" or args.provider != "fa2gen"):
+        ap.error("--dtype fp8e4m3 profiles fa2gen's forward only (add --direction fwd)")
     b, h, n, d = (int(x) for x in args.shape.split(","))
     q, k, v = make_inputs(Case(b, h, n, d, args.causal, args.dtype), torch.device("cuda"))
     problem = make_problem(q, k, v, causal=args.causal)
