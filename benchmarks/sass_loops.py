@@ -2,8 +2,10 @@
 
 Compiles a variant for sm90 as a GPU launch would specialise it (fa2gen.generator.ahead),
 assembles it with the bundled ptxas, disassembles it with the bundled nvdisasm and counts,
-for every loop that holds tensor-core instructions (HGMMA; QGMMA in fp8), its instructions, its HGMMAs
-and its local-memory loads (LDL: spilled registers read back). Loops nest: an outer loop's
+for every loop that holds tensor-core instructions (HGMMA; QGMMA in fp8), its instructions, its HGMMAs,
+its local-memory loads (LDL: spilled registers read back) and its exponentials, all of them and
+those issued while a matmul is still in flight (after a wait that leaves one wgmma group
+outstanding, before the wait for all). Loops nest: an outer loop's
 count includes its inner loops. Also reports spills and ptxas's C7515 warning (wgmma
 serialised). A shorter loop body for the same HGMMAs is less non-matmul work per FLOP;
 whether that is faster is for the GPU to say. --opcodes also counts each kernel's
@@ -42,8 +44,23 @@ def loop_stats(sass: str) -> list[dict]:
             span = body[start:end + 1]
             hgmma = sum("HGMMA" in x or "QGMMA" in x for x in span)
             if hgmma:
-                loops.append({"instructions": len(span), "hgmma": hgmma, "ldl": sum("LDL" in x for x in span)})
+                loops.append({"instructions": len(span), "hgmma": hgmma, "ldl": sum("LDL" in x for x in span),
+                              "ex2": sum("MUFU.EX2" in x for x in span), "ex2_in_flight": ex2_in_flight(span)})
     return loops
+
+
+def ex2_in_flight(span: list[str]) -> int:
+    """Exponentials issued while a wgmma group is in flight: after a wait that leaves one
+    group outstanding (DEPBAR.LE gsb0, 0x1) and before the next wait for all (0x0)."""
+    count, open_ = 0, False
+    for ins in span:
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in ins:
+            open_ = True
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in ins:
+            open_ = False
+        elif open_ and "MUFU.EX2" in ins:
+            count += 1
+    return count
 
 
 def opcode_counts(sass: str) -> collections.Counter:
@@ -88,7 +105,8 @@ def main() -> None:
         fields = [int(f) if f.isdigit() else f for f in text.split(",")]
         params = TuningParams(*fields)
         for name, r in analyse(args.direction, args.head_dim, args.mask, params, args.arch, args.dtype).items():
-            loops = "  ".join(f"[{x['instructions']} ins, {x['hgmma']} HGMMA, {x['ldl']} LDL]" for x in r["loops"])
+            loops = "  ".join(f"[{x['instructions']} ins, {x['hgmma']} HGMMA, {x['ldl']} LDL, "
+                              f"{x['ex2_in_flight']}/{x['ex2']} EX2 under a matmul]" for x in r["loops"])
             warn = "  C7515 (wgmma serialised)" if r["c7515"] else ""
             print(f"D={args.head_dim} {args.mask} {params.label()} {name}: spills {r['spill_bytes']} B{warn}  {loops}")
             if args.opcodes:
