@@ -10,6 +10,7 @@ Every kernel's output is checked against cuDNN's (max abs difference, in the rec
 usage (GPU machine; each version a copy of its package and shipped configs):
   git archive BRANCH fa2gen tuned_configs | tar -x -C pkgs/BRANCH
   PYTHONPATH=pkgs/main python benchmarks/experiments/package_ab.py params params.json [CELLS]
+  python benchmarks/experiments/package_ab.py force params.json 128,128,8,2,tma_host,separate,0,2 [CELLS]
   python benchmarks/experiments/package_ab.py time pkgs/BRANCH BRANCH params.json records.jsonl [CELLS]
   python benchmarks/experiments/package_ab.py report records.jsonl [BASE]
 
@@ -57,6 +58,17 @@ def params(path: str, only: str = "") -> None:
         chosen[_key(case)] = dataclasses.asdict(select_params(make_problem(q, k, v, causal=case.causal), info))
     with open(path, "w") as f:
         json.dump(chosen, f, indent=1)
+
+
+def force(path: str, fields: str, only: str = "") -> None:
+    """A params file that runs every cell (or those matching ``only``) on one point, given as
+    block_m,block_n,num_warps,num_stages,loads[,dq_mode[,persistent[,gluon]]]: a template
+    change A/B'd on the form it changes, whatever the shipped configs dispatch."""
+    from fa2gen.generator.spec import TuningParams
+
+    p = TuningParams(*(int(f) if f.isdigit() else f for f in fields.split(",")))
+    with open(path, "w") as f:
+        json.dump({_key(case): dataclasses.asdict(p) for case in _cells(only)}, f, indent=1)
 
 
 def timed(package: str, tag: str, params_path: str, records: str, only: str = "") -> None:
@@ -148,4 +160,4 @@ def report(records: str, base: str = "main") -> None:
 
 if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
-    {"params": params, "time": timed, "report": report}[command](*args)
+    {"params": params, "force": force, "time": timed, "report": report}[command](*args)
