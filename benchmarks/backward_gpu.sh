@@ -3,7 +3,8 @@
 # step cannot take the others' time; everything lands in OUT_DIR, a summary prints last.
 #
 # usage: bash benchmarks/backward_gpu.sh OUT_DIR [steps]   (steps: any of tests gluon-tests dqab bwdsplit hostprof tplab
-#        sweep tune fwd fp8 gluon gluon-odd gluon-bwd bench fwdbwd memory train; default: tests dqab bench memory train).
+#        pkgab sweep tune fwd fp8 gluon gluon-odd gluon-bwd bench fwdbwd memory train; default: tests dqab bench
+#        memory train).
 #        "bwdsplit" times each backward kernel and the dQ kernel on tiles of its own
 #        (benchmarks/experiments/bwd_split.py); "hostprof" the host time of a call, piece by
 #        piece (benchmarks/host_profile.py). "tests" runs the whole
@@ -12,14 +13,16 @@
 #        times the Gluon forward variants of benchmarks/experiments/gluon_fwd.py on the canonical grid
 #        ($GLUON_DTYPES, default fp16); "gluon-odd" checks them on odd shapes; "gluon-bwd" times the
 #        Gluon dK/dV kernels of benchmarks/experiments/gluon_bwd.py in place of fa2gen's.
-#        "tplab" times the backward template $AB_B against $AB_A (default: the working tree's) at the
-#        same params, for each dtype in $BENCH_DTYPES (benchmarks/template_ab.py).
+#        "pkgab" times the forward of two versions of the package at the same params ($PKG_A,
+#        $PKG_B, $PKG_FORCE, $PKG_CELLS: see the step). "tplab" times the backward template $AB_B
+#        against $AB_A (default: the working tree's) at the same params, for each dtype in
+#        $BENCH_DTYPES (benchmarks/template_ab.py).
 #        "tune" re-tunes the $TUNE_DIRECTIONS (default bwd) buckets of $TUNE_GRID (default the
 #        built-in grid) into the state in $TUNE_STATE (default .tune-state) for $TUNE_SECONDS
-#        (default 400), $TUNE_TRIALS (default 16) trials per bucket, with $TUNE_WORKERS compile
-#        processes (default: the tuner's; two tuners on one host should each take well under half
-#        its cores, docs/tuning.md). "gluon-tests" runs the Gluon
-#        kernels' GPU tests alone.
+#        (default 400), $TUNE_TRIALS (default 16) trials per bucket, starting from $TUNE_SEED (default
+#        the shipped configs), with $TUNE_WORKERS compile processes (default: the tuner's; two
+#        tuners on one host should each take well under half its cores, docs/tuning.md).
+#        "gluon-tests" runs the Gluon kernels' GPU tests alone.
 #        "fwd", "bench" and "fwdbwd" run the dtypes in $BENCH_DTYPES (default "fp16 bf16").
 # One GPU per run: CUDA_VISIBLE_DEVICES picks it, so two runs can share a two-GPU host
 # (benchmarks/on_gpus.sh). $BUDGET_SECONDS caps the whole run: a step gets what is left of it,
@@ -77,11 +80,43 @@ for step in $steps; do
         continue
       fi
       if [ ! -f "$state/tuned.sqlite" ]; then  # start from the shipped entries, so the export holds both directions
-        mkdir -p "$state" && python3 -m fa2gen import tuned_configs/sm90/NVIDIA_H200.yaml --db "$state/tuned.sqlite"
+        # (with $TUNE_SEED, a tuned-config file to start from instead: benchmarks/carry_over.py's
+        # output after a template change, whose unchanged entries keep applying)
+        mkdir -p "$state" && python3 -m fa2gen import "${TUNE_SEED:-tuned_configs/sm90/NVIDIA_H200.yaml}" \
+          --db "$state/tuned.sqlite"
       fi
       run "tune-$dirs" "$(( tune_s + 60 ))" bash benchmarks/tune_slice.sh "$state" \
         "$out/tune" "$tune_s" --directions "$dirs" --trials "${TUNE_TRIALS:-16}" ${TUNE_GRID:+--grid "$TUNE_GRID"} \
         ${TUNE_WORKERS:+--workers "$TUNE_WORKERS"} ;;
+    pkgab)
+      # The forward at the same params in two versions of the package: $PKG_A, a folder holding
+      # the base's fa2gen and tuned_configs (git archive REV fa2gen tuned_configs | tar -x -C DIR),
+      # and $PKG_B (default: this tree). The params are those $PKG_A dispatches and, with $PKG_FORCE
+      # (block_m,block_n,num_warps,num_stages,loads,dq_mode,persistent,gluon), that point on every
+      # cell; $PKG_CELLS, a regular expression, picks cells. The versions alternate, twice.
+      a=${PKG_A:?pkgab needs PKG_A, a folder holding the base package}
+      b=${PKG_B:-.}
+      files=("$out/ab-params.json")
+      run ab-params 300 env PYTHONPATH="$a" python3 benchmarks/experiments/package_ab.py params "$out/ab-params.json" \
+        "${PKG_CELLS:-}"
+      if [ -n "${PKG_FORCE:-}" ]; then
+        files+=("$out/ab-force.json")
+        run ab-force 60 python3 benchmarks/experiments/package_ab.py force "$out/ab-force.json" "$PKG_FORCE" "${PKG_CELLS:-}"
+      fi
+      for pass in 1 2; do
+        for f in "${files[@]}"; do
+          name=$(basename "$f" .json)
+          run "$name-a$pass" 300 python3 benchmarks/experiments/package_ab.py time "$a" base "$f" "$out/$name.jsonl" \
+            "${PKG_CELLS:-}"
+          run "$name-b$pass" 300 python3 benchmarks/experiments/package_ab.py time "$b" change "$f" "$out/$name.jsonl" \
+            "${PKG_CELLS:-}"
+        done
+      done
+      for f in "${files[@]}"; do  # one report per params file: each cell's time over the base's
+        name=$(basename "$f" .json)
+        python3 benchmarks/experiments/package_ab.py report "$out/$name.jsonl" base > "$out/$name-report.txt" 2>&1
+        tail -n 40 "$out/$name-report.txt"
+      done ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
     fwd) bench_dtypes fwd fwd ;;
