@@ -32,7 +32,8 @@ def test_code_compares_without_comments_docstrings_or_layout():
 
 
 def _carry(old: Path, out: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # this checkout's package renders the new code, whatever else is installed
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(SCRIPT), str(old), str(SHIPPED), "-o", str(out)], capture_output=True,
                        text=True, timeout=600, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
