@@ -91,17 +91,18 @@ for step in $steps; do
     pkgab)
       # The forward at the same params in two versions of the package: $PKG_A, a folder holding
       # the base's fa2gen and tuned_configs (git archive REV fa2gen tuned_configs | tar -x -C DIR),
-      # and $PKG_B (default: this tree). The params are those $PKG_A dispatches and, with $PKG_FORCE
+      # and $PKG_B (default: this tree). The params are those $PKG_A dispatches or, with $PKG_FORCE
       # (block_m,block_n,num_warps,num_stages,loads,dq_mode,persistent,gluon), that point on every
       # cell; $PKG_CELLS, a regular expression, picks cells. The versions alternate, twice.
       a=${PKG_A:?pkgab needs PKG_A, a folder holding the base package}
       b=${PKG_B:-.}
-      files=("$out/ab-params.json")
-      run ab-params 300 env PYTHONPATH="$a" python3 benchmarks/experiments/package_ab.py params "$out/ab-params.json" \
-        "${PKG_CELLS:-}"
       if [ -n "${PKG_FORCE:-}" ]; then
-        files+=("$out/ab-force.json")
+        files=("$out/ab-force.json")
         run ab-force 60 python3 benchmarks/experiments/package_ab.py force "$out/ab-force.json" "$PKG_FORCE" "${PKG_CELLS:-}"
+      else
+        files=("$out/ab-params.json")
+        run ab-params 300 env PYTHONPATH="$a" python3 benchmarks/experiments/package_ab.py params "$out/ab-params.json" \
+          "${PKG_CELLS:-}"
       fi
       for pass in 1 2; do
         for f in "${files[@]}"; do
