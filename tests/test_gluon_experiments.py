@@ -3,7 +3,8 @@ without a GPU, and their machine code is what they are for: the overlapped forms
 one wgmma group while another is in flight, the serial control never does, the backward
 kernels' exponentials run under their dP matmul, and the warp-specialised form moves registers between
 partitions. (In the forward kernels ptxas moves the wait for P·V ahead of the
-exponentials; docs/perf-notes.md, v20.) What they compute is checked on the GPU by the
+exponentials, docs/perf-notes.md v20: after the mask's branch in the key loop and with the
+barrier that hands the slot back, as v59 found for the forward template.) What they compute is checked on the GPU by the
 experiments themselves (they run each variant through flash-attention's rule)."""
 
 import json
