@@ -60,12 +60,14 @@ print(json.dumps(out))
 
 def rendered(pairs: list, package_root: str | None) -> list:
     """Normalised code of each (bucket key, params) pair, rendered by the fa2gen package under
-    ``package_root`` (None: the one this process imports)."""
-    env = dict(os.environ)
-    if package_root is not None:
-        env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
+    ``package_root`` (None: the one this process imports, whose template hash the kept entries
+    get). The child runs in that folder, which ``python -c`` puts first on its path."""
+    if package_root is None:
+        import fa2gen
+
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(fa2gen.__file__)))
     done = subprocess.run([sys.executable, "-c", _RENDER], input=json.dumps(pairs), capture_output=True,
-                          text=True, env=env, check=True, cwd=package_root or os.getcwd())
+                          text=True, check=True, cwd=package_root)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -21,16 +21,16 @@ from fa2gen.runtime import fp8  # noqa: E402
 from fa2gen.runtime.fp8 import transposed_v  # noqa: E402
 
 orders = (False, True) if "key_order" in inspect.signature(transposed_v).parameters else (False,)
-blocks = [int(x) for x in sys.argv[2:]] or [fp8._TRANSPOSE_BLOCK]
+own = fp8._TRANSPOSE_BLOCK
+blocks = [int(x) for x in sys.argv[2:]] or [own]
 for block in blocks:
-    fp8._TRANSPOSE_BLOCK = block  # read at each call
     for b, h, n in ((4, 16, 4096), (1, 16, 16384)):
         v = torch.randn(b, n, h, 128, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
         for key_order in orders:
+            fp8._TRANSPOSE_BLOCK = own  # read at each call
             ref = transposed_v(v, key_order=key_order)
-            fp8._TRANSPOSE_BLOCK = 64
-            assert torch.equal(ref.view(torch.uint8), transposed_v(v, key_order=key_order).view(torch.uint8))
             fp8._TRANSPOSE_BLOCK = block
+            assert torch.equal(ref.view(torch.uint8), transposed_v(v, key_order=key_order).view(torch.uint8))
             ms = triton.testing.do_bench(lambda: transposed_v(v, key_order=key_order), warmup=50, rep=300)
             gbs = 2 * v.numel() / (ms * 1e-3) / 1e9
             print(f"block {block} B{b} H{h} N{n} key_order={key_order}: {ms * 1000:.1f} us, {gbs:.0f} GB/s")

@@ -113,8 +113,9 @@ _TRANSPOSE_BLOCK = 64
 
 
 def transposed_v(v: torch.Tensor, *, key_order: bool = False) -> torch.Tensor:
-    """V as (B, Hkv, D, Nk) (with ``key_order``, see below), each row padded to a 16-byte multiple so that tensor descriptors
-    can address it: sm90's fp8 matmul reads P @ V's V contiguous along keys. One extra pass
+    """V as (B, Hkv, D, Nk) (with ``key_order``, see below), each row padded to a 16-byte
+    multiple so that tensor descriptors can address it: sm90's fp8 matmul reads P @ V's V
+    contiguous along keys. One extra pass
     over V per call (Nk * D bytes per head read and written), by a tiled Triton transpose:
     PyTorch's own strided copy of fp8 ran at 160 GB/s on an H200, 207 us at B=4 H=16 N=4096
     D=128, a fifth of the attention's time.
