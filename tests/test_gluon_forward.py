@@ -49,10 +49,12 @@ def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
     spec = KernelSpec(dtype="bf16", head_dim=128, mask="causal")
     bodies = {}
     for p in points:  # each renders and parses; tiles and stages are constexprs, not code, but
-        # for whether the softmax runs under P @ V (128 x 128 tiles with three stages or more)
+        # for whether the softmax runs under P @ V (two partitions on 128 x 128 tiles, three
+        # stages or more)
         src = render(spec, p, name=Variant(spec, p).name)
         ast.parse(src)
-        bodies.setdefault((p.persistent, p.num_stages >= 3 and p.block_n == 128), set()).add(src.split("\nLN2 = ", 1)[1])
+        overlap = (p.gluon, p.block_m, p.block_n) == (2, 128, 128) and p.num_stages >= 3
+        bodies.setdefault((p.persistent, overlap), set()).add(src.split("\nLN2 = ", 1)[1])
     # a plain grid's programs take one tile, persistent ones loop over tiles; how many
     # programs per SM is the launch's business (and one constant's)
     assert sorted(bodies) == [(g, o) for g in (0, 1, 2) for o in (False, True)]
@@ -110,15 +112,16 @@ def test_renders_readable_gluon_with_its_knobs_and_launch():
 
 def test_the_softmax_runs_under_p_at_v_only_where_it_measured_faster():
     # perf-notes v59c: that schedule hands a V slot back a step later, which two stages cannot
-    # spare (4-8% slower there) and three can on 128 x 128 tiles (4-6.5% faster; 128 x 64 with
-    # three: 0.97-1.02x); fp8 ran slower with it on both
+    # spare (4-8% slower there) and three can with two partitions on 128 x 128 tiles (4-6.5%
+    # faster; 128 x 64 with three: 0.97-1.02x); fp8 ran slower with it on both
     for dtype in ("fp16", "bf16", "fp8e4m3"):
         for stages in (2, 3):
             for block_n in (64, 128):
-                params = WS2.replace(num_stages=stages, block_n=block_n)
-                src = render(KernelSpec(dtype=dtype, head_dim=128, mask="causal"), params, name="x")
-                overlap = stages == 3 and block_n == 128 and dtype != "fp8e4m3"
-                assert ("def _step(" in src) == overlap and ("def _mask(" in src) != overlap, params
+                for groups in (1, 2):
+                    params = WS2.replace(num_stages=stages, block_n=block_n, gluon=groups)
+                    src = render(KernelSpec(dtype=dtype, head_dim=128, mask="causal"), params, name="x")
+                    overlap = stages == 3 and block_n == 128 and groups == 2 and dtype != "fp8e4m3"
+                    assert ("def _step(" in src) == overlap and ("def _mask(" in src) != overlap, params
 
 
 def test_identity_and_the_forward_hash_cover_the_gluon_template():
@@ -156,7 +159,8 @@ _CHILD = textwrap.dedent(r"""
                             "E" if ex2 else "WZ"[wait == "0"]
                             for wait, ex2 in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([01])|(MUFU\.EX2)", sass)))]
                             or [0]),
-                        "overlap": params.num_stages >= 3 and params.block_n == 128 and not spec.fp8,
+                        "overlap": (params.gluon, params.block_m, params.block_n) == (2, 128, 128)
+                                   and params.num_stages >= 3 and not spec.fp8,
                         "losses": list(performance_losses(report))})
     print(json.dumps(out))
 """)
@@ -180,10 +184,10 @@ def test_compiles_for_sm90_without_spills():
         assert k["spill"] <= SPILL_ALLOWED.get(k["label"], 0), k
         assert k["gmma"] > 0 and k["setmaxnreg"] and k["wait_one"] and k["losses"] == [], k
         assert k["registers"] <= (168 if "m128" in k["label"] else 128), k
-        # With three stages (16-bit), block j's softmax runs while block j-1's P @ V is on the
-        # tensor cores (perf-notes v59, v59c): a branch in the key loop, a barrier after the
-        # wait for P @ V, or (in the persistent forms) the first block's mask hoisted out of
-        # the tile loop had ptxas wait for it before the first exponential.
+        # In the overlap form (two partitions, 128 x 128 tiles, three stages, 16-bit) block
+        # j's softmax runs while block j-1's P @ V is on the tensor cores (perf-notes v59,
+        # v59c): a branch in the key loop or a barrier after the wait for P @ V had ptxas wait
+        # for it before the first exponential.
         if k["overlap"]:
             assert k["ex2_in_flight"] >= 8, k
 
