@@ -185,8 +185,9 @@ _CHILD = textwrap.dedent(r"""
 
 # The candidates allowed to spill, by at most this much: one persistent program an SM on
 # 128 x 128 tiles, whose tile loop holds a few more values, which on short sequences measured
-# 1.05-1.12x the shipped configs all the same (perf-notes v54).
-SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 256}
+# 1.05-1.12x the shipped configs all the same (perf-notes v54); with three stages it spills
+# 72 B (v62).
+SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 96}
 
 
 def test_compiles_for_sm90_without_spills():
@@ -327,6 +328,25 @@ def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, per
     params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,
                           persistent=persistent)
     q, k, v = rand_qkv(*shape, dtype=torch.bfloat16, device="cuda", seed=sum(shape) + stages)
+    verdict, _, _ = run_and_check(q, k, v, params, causal=True)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("persistent", [0, 1], ids=["plain", "persistent1"])
+@pytest.mark.parametrize("stages,shape", [(3, (4, 16, 4, 700, 1009, 128)), (3, (4, 16, 4, 1009, 945, 128)),
+                                          (4, (4, 16, 4, 1000, 1064, 64))], ids=["nq<nk", "nq>nk", "d64-4stages"])
+def test_overlapped_softmax_with_a_shorter_k_ring_where_partitions_skip_blocks(stages, persistent, shape):
+    """The overlapped softmax (two partitions on 128 x 128 tiles, three stages or more) keeps
+    K a slot shallower than V. In these shapes one of a tile's partitions skips its last key
+    block in most query blocks, and with 384-512 tiles a persistent program walks several,
+    refilling both rings across tiles after the skipped slots were handed back."""
+    from helpers import rand_qkv, run_and_check
+
+    params = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,
+                          persistent=persistent)
+    q, k, v = rand_qkv(*shape, dtype=torch.float16, device="cuda", seed=sum(shape) + stages)
     verdict, _, _ = run_and_check(q, k, v, params, causal=True)
     assert verdict.ok, str(verdict)
 
