@@ -6,6 +6,7 @@ rule), and gradients through it."""
 import ast
 import hashlib
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,11 +152,15 @@ def test_identity_and_the_forward_hash_cover_the_gluon_template():
 
 # Runs in a child without TRITON_INTERPRET: Gluon kernels only compile.
 _CHILD = textwrap.dedent(r"""
-    import json, subprocess, tempfile
+    import importlib.util, json, subprocess, sys, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
     from fa2gen.generator.spec import KernelSpec
     from fa2gen.tuner.space import GLUON_CANDIDATES
     import re
+    # benchmarks/sass_loops.py's count of exponentials issued while a wgmma group is in flight
+    loader = importlib.util.spec_from_file_location("sass_loops", sys.argv[1])
+    sass_loops = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(sass_loops)
     out = []
     for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal"),
                  KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")):
@@ -170,12 +175,9 @@ _CHILD = textwrap.dedent(r"""
                         # HGMMA: 16-bit operands; QGMMA: fp8
                         "gmma": len(re.findall(r"\b[HQ]GMMA\.", sass)), "setmaxnreg": "USETMAXREG" in sass,
                         "wait_one": "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass,
-                        # the most exponentials issued between a wait that leaves a group in
-                        # flight (W) and the next wait for all (Z)
-                        "ex2_in_flight": max([seg.count("E") for seg in re.findall(r"W([^Z]*)", "".join(
-                            "E" if ex2 else "WZ"[wait == "0"]
-                            for wait, ex2 in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([01])|(MUFU\.EX2)", sass)))]
-                            or [0]),
+                        # the most between one wait for all wgmma groups and the next
+                        "ex2_in_flight": max(sass_loops.ex2_in_flight(part.splitlines())
+                                             for part in sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x0")),
                         "overlap": (params.gluon, params.block_m, params.block_n) == (2, 128, 128)
                                    and params.num_stages >= 3 and not spec.fp8,
                         "losses": list(performance_losses(report))})
@@ -191,7 +193,7 @@ SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 
 
 
 def test_compiles_for_sm90_without_spills():
-    got = compiled_child(_CHILD)
+    got = compiled_child(_CHILD, str(Path(__file__).parent.parent / "benchmarks" / "sass_loops.py"))
     assert len(got) == 3 * len(GLUON_CANDIDATES)
     for k in got:
         # warp-specialised (registers moved between partitions), asynchronous wgmma with one
