@@ -37,11 +37,22 @@ def arch_from_capability(major: int, minor: int) -> str:
     return name
 
 
+def gluon_k_stages(spec: KernelSpec, params: TuningParams) -> int:
+    """K's ring depth in the Gluon forward: one slot fewer than V's where its softmax runs under
+    P @ V (the template's ``overlap``, whose K slots go back a step before V's), else
+    num_stages. The template decides this itself; tests/test_gluon_forward.py checks that the
+    two agree."""
+    overlap = (params.gluon == 2 and params.block_m == 128 and params.block_n == 128
+               and params.num_stages >= 3 and not spec.fp8)
+    return params.num_stages - 1 if overlap else params.num_stages
+
+
 def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     """Shared memory a variant needs, in bytes (an estimate for pruning).
 
-    Forward: Q stays resident; K and V are buffered ``num_stages`` deep; on the pointer
-    path the probability tile P is staged through shared memory for the second dot.
+    Forward: Q stays resident; K and V are buffered ``num_stages`` deep (K one slot less in
+    the Gluon forms with the overlapped softmax); on the pointer path the probability tile P is
+    staged through shared memory for the second dot.
     Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
     dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles; with
     ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction, with
@@ -63,7 +74,8 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
         staged_dq = params.block_n * dp * 4 if params.dq_mode == "tma_reduce" else 0
         return resident + streamed + 2 * params.block_m * params.block_n * elt + staged_dq
     q = params.block_m * dp * elt
-    kv = 2 * stages * params.block_n * dp * elt
+    k_stages = gluon_k_stages(spec, params) if params.gluon else stages
+    kv = (k_stages + stages) * params.block_n * dp * elt
     p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0
     # the Gluon forward's own O buffer (bf16 for fp8; a persistent program's Q buffer is busy)
     o = params.block_m * dp * 2 if params.gluon and (spec.fp8 or params.persistent) else 0

@@ -182,9 +182,10 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
 # on 64 x 128 tiles spills at D=128 under its 128-register limit.) The persistent form is for
 # short sequences, where a tile's prologue and epilogue are a large share of its time; on 128
 # x 128 tiles it spills at 168 registers (its tile loop holds more), on 128 x 64 it does not.
-# On 128 x 128 tiles with three stages (a plain grid only: a persistent program's buffers do
-# not fit) the template issues the softmax under P @ V, and they ran 4-5% faster than the
-# shipped forms at N=16k (perf-notes v59c). One 64-row partition on 64 x 64 tiles, two
+# On 128 x 128 tiles with three stages the template issues the softmax under P @ V, and they
+# ran 4-5% faster than the shipped forms at N=16k (perf-notes v59c, a plain grid); K's ring
+# there has a slot fewer than V's, which lets one persistent program an SM keep three of V
+# (v62, not yet measured). One 64-row partition on 64 x 64 tiles, two
 # programs an SM on the queue, is for the short D=64 causal cells, where the Triton
 # template's tiles won at 0.83-0.90x cuDNN.
 GLUON_CANDIDATES = (
@@ -194,6 +195,7 @@ GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=2),
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=1),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=2),
 )
 
