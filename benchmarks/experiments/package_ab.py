@@ -126,7 +126,8 @@ def report(records: str, base: str = "main") -> None:
             r = json.loads(line)
             runs[(r["tag"], r["cell"])].append(r["ms"] / r["cudnn_ms"])
             raw[(r["tag"], r["cell"])].append(r["ms"])
-            labels[r["cell"]] = r["label"]
+            if r["tag"] == base or r["cell"] not in labels:  # the params column is the base's
+                labels[r["cell"]] = r["label"]
             if r["tag"] not in tags:
                 tags.append(r["tag"])
     others = [t for t in tags if t != base]
@@ -139,7 +140,7 @@ def report(records: str, base: str = "main") -> None:
         return median(times[(tag, cell)]) / median(times[(base, cell)])
 
     print(f"time over {base}'s (below 1: faster), median of runs: cuDNN-normalised / raw")
-    print(f"{'cell':28s} {'params':48s} " + " ".join(f"{t[:15]:>15s}" for t in others))
+    print(f"{'cell':28s} {base + ' params':48s} " + " ".join(f"{t[:15]:>15s}" for t in others))
     for cell in labels:
         print(f"{cell:28s} {labels[cell][:48]:48s} "
               + " ".join(f"{rel(t, cell):7.3f} /{rel(t, cell, raw):6.3f}" for t in others))
