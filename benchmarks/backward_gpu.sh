@@ -96,28 +96,23 @@ for step in $steps; do
       # cell; $PKG_CELLS, a regular expression, picks cells. The versions alternate, twice.
       a=${PKG_A:?pkgab needs PKG_A, a folder holding the base package}
       b=${PKG_B:-.}
+      f=$out/ab-params.json
       if [ -n "${PKG_FORCE:-}" ]; then
-        files=("$out/ab-force.json")
-        run ab-force 60 python3 benchmarks/experiments/package_ab.py force "$out/ab-force.json" "$PKG_FORCE" "${PKG_CELLS:-}"
+        f=$out/ab-force.json
+        run ab-force 60 python3 benchmarks/experiments/package_ab.py force "$f" "$PKG_FORCE" "${PKG_CELLS:-}"
       else
-        files=("$out/ab-params.json")
-        run ab-params 300 env PYTHONPATH="$a" python3 benchmarks/experiments/package_ab.py params "$out/ab-params.json" \
-          "${PKG_CELLS:-}"
+        run ab-params 300 env PYTHONPATH="$a" python3 benchmarks/experiments/package_ab.py params "$f" "${PKG_CELLS:-}"
       fi
+      name=$(basename "$f" .json)
       for pass in 1 2; do
-        for f in "${files[@]}"; do
-          name=$(basename "$f" .json)
-          run "$name-a$pass" 300 python3 benchmarks/experiments/package_ab.py time "$a" base "$f" "$out/$name.jsonl" \
-            "${PKG_CELLS:-}"
-          run "$name-b$pass" 300 python3 benchmarks/experiments/package_ab.py time "$b" change "$f" "$out/$name.jsonl" \
-            "${PKG_CELLS:-}"
-        done
+        run "$name-a$pass" 300 python3 benchmarks/experiments/package_ab.py time "$a" base "$f" "$out/$name.jsonl" \
+          "${PKG_CELLS:-}"
+        run "$name-b$pass" 300 python3 benchmarks/experiments/package_ab.py time "$b" change "$f" "$out/$name.jsonl" \
+          "${PKG_CELLS:-}"
       done
-      for f in "${files[@]}"; do  # one report per params file: each cell's time over the base's
-        name=$(basename "$f" .json)
-        python3 benchmarks/experiments/package_ab.py report "$out/$name.jsonl" base > "$out/$name-report.txt" 2>&1
-        tail -n 40 "$out/$name-report.txt"
-      done ;;
+      # each cell's time over the base's
+      python3 benchmarks/experiments/package_ab.py report "$out/$name.jsonl" base > "$out/$name-report.txt" 2>&1
+      tail -n 40 "$out/$name-report.txt" ;;
     sweep) run sweep-bwd 480 python3 benchmarks/sweep.py --direction bwd --head-dims 128,64 --seqlens 2048,8192 \
              --out "$out/sweep-bwd-fp16.json" ;;
     fwd) bench_dtypes fwd fwd ;;

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 
+
 def normalised(source: str) -> str:
     """A module's code without its comments, docstrings and formatting: its syntax tree."""
     import ast

@@ -13,7 +13,7 @@ import torch
 from helpers import compiled_child, gluon_cases, hopper
 
 from fa2gen.generator import rendering
-from fa2gen.generator.arch import fits, gluon_k_stages
+from fa2gen.generator.arch import fits, gluon_k_stages, gluon_overlap
 from fa2gen.generator.identity import Variant
 from fa2gen.generator.rendering import render, template_hash
 from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
@@ -54,8 +54,7 @@ def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
         # stages or more)
         src = render(spec, p, name=Variant(spec, p).name)
         ast.parse(src)
-        overlap = (p.gluon, p.block_m, p.block_n) == (2, 128, 128) and p.num_stages >= 3
-        bodies.setdefault((p.persistent, overlap), set()).add(src.split("\nLN2 = ", 1)[1])
+        bodies.setdefault((p.persistent, gluon_overlap(spec, p)), set()).add(src.split("\nLN2 = ", 1)[1])
     # a plain grid's programs take one tile, persistent ones loop over tiles; how many
     # programs per SM is the launch's business (and one constant's)
     assert sorted(bodies) == [(g, o) for g in (0, 1, 2) for o in (False, True)]
@@ -154,6 +153,7 @@ def test_identity_and_the_forward_hash_cover_the_gluon_template():
 _CHILD = textwrap.dedent(r"""
     import importlib.util, json, subprocess, sys, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
+    from fa2gen.generator.arch import gluon_overlap
     from fa2gen.generator.spec import KernelSpec
     from fa2gen.tuner.space import GLUON_CANDIDATES
     import re
@@ -178,8 +178,7 @@ _CHILD = textwrap.dedent(r"""
                         # the most between one wait for all wgmma groups and the next
                         "ex2_in_flight": max(sass_loops.ex2_in_flight(part.splitlines())
                                              for part in sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x0")),
-                        "overlap": (params.gluon, params.block_m, params.block_n) == (2, 128, 128)
-                                   and params.num_stages >= 3 and not spec.fp8,
+                        "overlap": gluon_overlap(spec, params),
                         "losses": list(performance_losses(report))})
     print(json.dumps(out))
 """)

@@ -37,14 +37,19 @@ def arch_from_capability(major: int, minor: int) -> str:
     return name
 
 
+def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
+    """Whether the Gluon forward runs each block's softmax under the previous block's P @ V
+    (the template's ``overlap``): two partitions on 128 x 128 tiles, three stages or more,
+    16-bit. The template decides this itself; tests/test_gluon_forward.py checks that the two
+    agree."""
+    return (params.gluon == 2 and params.block_m == 128 and params.block_n == 128
+            and params.num_stages >= 3 and not spec.fp8)
+
+
 def gluon_k_stages(spec: KernelSpec, params: TuningParams) -> int:
-    """K's ring depth in the Gluon forward: one slot fewer than V's where its softmax runs under
-    P @ V (the template's ``overlap``, whose K slots go back a step before V's), else
-    num_stages. The template decides this itself; tests/test_gluon_forward.py checks that the
-    two agree."""
-    overlap = (params.gluon == 2 and params.block_m == 128 and params.block_n == 128
-               and params.num_stages >= 3 and not spec.fp8)
-    return params.num_stages - 1 if overlap else params.num_stages
+    """K's ring depth in the Gluon forward: one slot fewer than V's with the overlapped softmax,
+    whose K slots go back a step before V's, else num_stages."""
+    return params.num_stages - 1 if gluon_overlap(spec, params) else params.num_stages
 
 
 def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
