@@ -17,7 +17,7 @@ from fa2gen.generator.arch import fits, gluon_k_stages, gluon_overlap
 from fa2gen.generator.identity import Variant
 from fa2gen.generator.rendering import render, template_hash
 from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
-from fa2gen.tuner.space import GLUON_CANDIDATES, gluon_candidates, prune_reason, space_for
+from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES, gluon_candidates, prune_reason, space_for
 from fa2gen.store.buckets import Bucket
 
 WS2 = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2)
@@ -32,6 +32,8 @@ WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma
     (KernelSpec(head_dim=256), WS2, "head dims"),
     (KernelSpec(head_dim=64), WS2.replace(loads="pointer"), "tma_host"),
     (KernelSpec(head_dim=64), WS2.replace(block_n=32), "tiles"),
+    (KernelSpec(head_dim=128), WS2.replace(block_n=256), "tiles"),
+    (KernelSpec(dtype="fp8e4m3", head_dim=128), WS1.replace(block_m=128, num_warps=8, block_n=256), "tiles"),
     (KernelSpec(head_dim=64), WS1.replace(gluon=2), "two 64-row warp groups"),
     (KernelSpec(head_dim=64), WS2.replace(num_warps=4), "compute warps"),
     (KernelSpec(head_dim=64), WS1.replace(num_stages=1), "num_stages >= 2"),
@@ -124,6 +126,17 @@ def test_the_softmax_runs_under_p_at_v_only_where_it_measured_faster():
                     assert ("def _step(" in src) == overlap and ("def _mask(" in src) != overlap, params
 
 
+def test_fp8_wide_steps_wait_for_p_at_v_before_the_next_scores():
+    # perf-notes v63: 64 x 256 scores take 128 registers a thread; with P and acc also in
+    # flight ptxas spilled 1.9 KB, so on 256-key steps the two matmuls take turns.
+    spec = KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")
+    wide = render(spec, WS2.replace(block_n=256), name="x").split("for j in range(1, n_own):", 1)[1]
+    assert wide.index("_pv(") < wide.index("_scores(") < wide.index("_softmax(")
+    assert "warpgroup_mma_wait(1" not in wide and "_masked(s, j" in wide
+    narrow = render(spec, WS2, name="x").split("for j in range(1, n_own):", 1)[1]
+    assert narrow.index("_scores(") < narrow.index("_pv(") and "warpgroup_mma_wait(1" in narrow
+
+
 def test_the_shared_memory_estimate_counts_the_rings_the_template_allocates():
     # The template decides K's ring depth (one slot fewer than V's with the overlapped
     # softmax); the estimate that prunes the space must count the same.
@@ -155,7 +168,7 @@ _CHILD = textwrap.dedent(r"""
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
     from fa2gen.generator.arch import gluon_overlap
     from fa2gen.generator.spec import KernelSpec
-    from fa2gen.tuner.space import GLUON_CANDIDATES
+    from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
     import re
     # benchmarks/sass_loops.py's count of exponentials issued while a wgmma group is in flight
     loader = importlib.util.spec_from_file_location("sass_loops", sys.argv[1])
@@ -164,7 +177,7 @@ _CHILD = textwrap.dedent(r"""
     out = []
     for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal"),
                  KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")):
-        for params in GLUON_CANDIDATES:
+        for params in GLUON_CANDIDATES + (GLUON_FP8_CANDIDATES if spec.fp8 else ()):
             (name, kernel), = compiled_kernels(spec, params, "sm90")
             with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
                 report = assemble(kernel, "sm90", cubin.name, name=name)
@@ -178,7 +191,7 @@ _CHILD = textwrap.dedent(r"""
                         # the most between one wait for all wgmma groups and the next
                         "ex2_in_flight": max(sass_loops.ex2_in_flight(part.splitlines())
                                              for part in sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x0")),
-                        "overlap": gluon_overlap(spec, params),
+                        "overlap": gluon_overlap(spec, params), "wide": params.block_n == 256,
                         "losses": list(performance_losses(report))})
     print(json.dumps(out))
 """)
@@ -193,13 +206,14 @@ SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 
 
 def test_compiles_for_sm90_without_spills():
     got = compiled_child(_CHILD, str(Path(__file__).parent.parent / "benchmarks" / "sass_loops.py"))
-    assert len(got) == 3 * len(GLUON_CANDIDATES)
+    assert len(got) == 3 * len(GLUON_CANDIDATES) + len(GLUON_FP8_CANDIDATES)
     for k in got:
         # warp-specialised (registers moved between partitions), asynchronous wgmma with one
-        # group left in flight, nothing spilled under the launch's register limit (but the
-        # allowance above), no wgmma serialised by ptxas
+        # group left in flight (but on fp8's 256-key steps, whose matmuls take turns), nothing
+        # spilled under the launch's register limit (but the allowance above), no wgmma
+        # serialised by ptxas
         assert k["spill"] <= SPILL_ALLOWED.get(k["label"], 0), k
-        assert k["gmma"] > 0 and k["setmaxnreg"] and k["wait_one"] and k["losses"] == [], k
+        assert k["gmma"] > 0 and k["setmaxnreg"] and k["wait_one"] != k["wide"] and k["losses"] == [], k
         assert k["registers"] <= (168 if "m128" in k["label"] else 128), k
         # In the overlap form (two partitions, 128 x 128 tiles, three stages, 16-bit) block
         # j's softmax runs while block j-1's P @ V is on the tensor cores (perf-notes v59,
@@ -217,6 +231,8 @@ def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
     assert gluon_candidates(space, long.kernel_spec(), long) == list(GLUON_CANDIDATES)
     short = Bucket.parse("fwd/fp16/d128/none/sc0/g1/q64/k64/bh128")
     assert gluon_candidates(space, short.kernel_spec(), short) == [WS1, WS1.replace(persistent=2)]
+    fp8 = Bucket.parse("fwd/fp8e4m3/d128/none/sc0/g1/q4096/k4096/bh128")
+    assert gluon_candidates(space, fp8.kernel_spec(), fp8) == list(GLUON_CANDIDATES + GLUON_FP8_CANDIDATES)
     other = Bucket.parse("fwd/fp16/d96/none/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, other.kernel_spec(), other) == []
     assert gluon_candidates(space_for("sm80"), long.kernel_spec(), long) == []
@@ -274,7 +290,7 @@ def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
-@pytest.mark.parametrize("params", GLUON_CANDIDATES, ids=lambda p: p.label())
+@pytest.mark.parametrize("params", GLUON_CANDIDATES + GLUON_FP8_CANDIDATES, ids=lambda p: p.label())
 @pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
 def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
     """e4m3 inputs with per-(batch, head) factors, judged by the fp8 rule (docs/fp8.md)."""

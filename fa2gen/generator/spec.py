@@ -231,8 +231,8 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
     if params.loads != "tma_host":
         return "the Gluon forward reads through host descriptors: loads=tma_host"
-    if params.block_m not in GLUON_TILES or params.block_n not in GLUON_TILES:
-        return f"the Gluon forward's tiles are {GLUON_TILES} rows"
+    if params.block_m not in GLUON_TILES or (params.block_n not in GLUON_TILES and not _fp8_wide(spec, params)):
+        return f"the Gluon forward's tiles are {GLUON_TILES} rows (fp8 with two partitions: also 256 keys a step)"
     if params.gluon == 2 and params.block_m != 128:
         return "gluon=2 splits block_m=128 into two 64-row warp groups"
     if params.num_warps != params.block_m // 16:
@@ -240,6 +240,11 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     if params.num_stages < 2:
         return "the Gluon forward's K/V ring needs num_stages >= 2"
     return None
+
+
+def _fp8_wide(spec: KernelSpec, params: TuningParams) -> bool:
+    # fp8's 256-key steps (perf-notes v63), on two 64-row partitions
+    return spec.fp8 and params.block_n == 256 and params.gluon == 2
 
 
 GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel

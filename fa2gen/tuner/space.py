@@ -198,6 +198,12 @@ GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=1),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=2),
 )
+# fp8 only: 256-key steps on the plain grid, which ran fp8 D=128 1-3% faster than the shipped
+# forms without a mask from N=4k and 8% under the causal mask at N=16k, and 6% slower there at
+# N=4k (perf-notes v63); one persistent program an SM spills 664 B on them and ran slower.
+GLUON_FP8_CANDIDATES = (
+    TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
+)
 
 
 # The backward's Gluon kernels. gluon=1, the dK/dV kernel (delta and dQ stay Triton's, with
@@ -226,7 +232,10 @@ GLUON_BWD_CANDIDATES = (
 
 def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> list[TuningParams]:
     """The Gluon candidates that ``space`` holds and ``bucket`` can run."""
-    candidates = GLUON_BWD_CANDIDATES if spec.direction == "bwd" else GLUON_CANDIDATES
+    if spec.direction == "bwd":
+        candidates = GLUON_BWD_CANDIDATES
+    else:
+        candidates = GLUON_CANDIDATES + (GLUON_FP8_CANDIDATES if spec.fp8 else ())
     return [p for p in candidates if prune_reason(space, spec, bucket, p) is None]
 
 
