@@ -232,7 +232,7 @@ def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
     short = Bucket.parse("fwd/fp16/d128/none/sc0/g1/q64/k64/bh128")
     assert gluon_candidates(space, short.kernel_spec(), short) == [WS1, WS1.replace(persistent=2)]
     fp8 = Bucket.parse("fwd/fp8e4m3/d128/none/sc0/g1/q4096/k4096/bh128")
-    assert gluon_candidates(space, fp8.kernel_spec(), fp8) == list(GLUON_CANDIDATES + GLUON_FP8_CANDIDATES)
+    assert gluon_candidates(space, fp8.kernel_spec(), fp8) == list(GLUON_FP8_CANDIDATES + GLUON_CANDIDATES)
     other = Bucket.parse("fwd/fp16/d96/none/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, other.kernel_spec(), other) == []
     assert gluon_candidates(space_for("sm80"), long.kernel_spec(), long) == []

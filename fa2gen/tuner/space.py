@@ -199,8 +199,9 @@ GLUON_CANDIDATES = (
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=2),
 )
 # fp8 only: 256-key steps on the plain grid, which ran fp8 D=128 1-3% faster than the shipped
-# forms without a mask from N=4k and 8% under the causal mask at N=16k, and 6% slower there at
-# N=4k (perf-notes v63); one persistent program an SM spills 664 B on them and ran slower.
+# forms without a mask from N=4k and 8-9% under the causal mask at N=16k, and 6-7% slower there
+# at N=4k (perf-notes v63); one persistent program an SM spills 664 B on them and ran slower.
+# They took the N=8k and 16k buckets; a short study reaches them only first in the warm start.
 GLUON_FP8_CANDIDATES = (
     TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
 )
@@ -235,7 +236,8 @@ def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> li
     if spec.direction == "bwd":
         candidates = GLUON_BWD_CANDIDATES
     else:
-        candidates = GLUON_CANDIDATES + (GLUON_FP8_CANDIDATES if spec.fp8 else ())
+        # fp8's own first: a short study reaches the warm start's head only
+        candidates = (GLUON_FP8_CANDIDATES if spec.fp8 else ()) + GLUON_CANDIDATES
     return [p for p in candidates if prune_reason(space, spec, bucket, p) is None]
 
 
