@@ -77,6 +77,12 @@ def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
     assert unmasked.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 2  # loader and compute
     assert "TILES" not in unmasked
     assert not [p for p in param_space(KernelSpec(head_dim=96)) if p.gluon]
+    # fp8 also takes 256-key steps, on two partitions only: the 72 points above and 4 stage
+    # counts x 3 grids of 128 x 256
+    fp8 = [p for p in param_space(KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")) if p.gluon]
+    wide = [p for p in fp8 if p.block_n == 256]
+    assert len(fp8) == 3 * 2 * 4 * 3 + 4 * 3 and len(wide) == 4 * 3
+    assert all(p.gluon == 2 and p.block_m == 128 for p in wide)
     with pytest.raises(SpecError, match="gluon"):
         TuningParams(gluon=3)
     with pytest.raises(SpecError, match="gluon"):
@@ -233,6 +239,10 @@ def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
     assert gluon_candidates(space, short.kernel_spec(), short) == [WS1, WS1.replace(persistent=2)]
     fp8 = Bucket.parse("fwd/fp8e4m3/d128/none/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, fp8.kernel_spec(), fp8) == list(GLUON_FP8_CANDIDATES + GLUON_CANDIDATES)
+    # the 256-key steps run the plain grid: a persistent program spills on them (perf-notes v63)
+    wide = GLUON_FP8_CANDIDATES[0]
+    assert prune_reason(space, fp8.kernel_spec(), fp8, wide) is None
+    assert "plain grid" in prune_reason(space, fp8.kernel_spec(), fp8, wide.replace(persistent=1))
     other = Bucket.parse("fwd/fp16/d96/none/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, other.kernel_spec(), other) == []
     assert gluon_candidates(space_for("sm80"), long.kernel_spec(), long) == []

@@ -107,6 +107,11 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # 128-key blocks.
     if params.gluon and params.persistent == 2 and params.block_m == 128 and params.block_n == 128:
         return "two persistent Gluon programs an SM on 128 x 128 tiles: their shared memory fits two only at D=64"
+    # fp8's 256-key steps run the plain grid: one persistent program an SM spills 664 B on them
+    # (ptxas for sm90, D=128) and ran slower than the plain grid on 5 of 6 fp8 cells (perf-notes
+    # v63); two do not fit an SM's shared memory.
+    if params.gluon and spec.fp8 and params.block_n == 256 and params.persistent:
+        return "fp8's 256-key Gluon steps run the plain grid (a persistent program spills on them)"
     # Under a causal mask dq_mode matmul's dQ kernel reads the key blocks each 128 queries see,
     # whose skipped tiles the dK/dV kernel zeroes (perf-notes v39, v45): at D=128 it measured
     # 1.04-1.08x the shipped causal backward on the H200 from N=4k with batched matmuls by
@@ -200,8 +205,9 @@ GLUON_CANDIDATES = (
 )
 # fp8 only: 256-key steps on the plain grid, which ran fp8 D=128 1-3% faster than the shipped
 # forms without a mask from N=4k and 8-9% under the causal mask at N=16k, and 6-7% slower there
-# at N=4k (perf-notes v63); one persistent program an SM spills 664 B on them and ran slower.
-# They took the N=8k and 16k buckets; a short study reaches them only first in the warm start.
+# at N=4k (perf-notes v63); one persistent program an SM spills 664 B on them and ran slower
+# than the plain grid on 5 of 6 cells (prune_reason). They took the N=8k and 16k buckets once
+# they came first among the Gluon candidates: a short study did not reach them last.
 GLUON_FP8_CANDIDATES = (
     TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
 )
@@ -236,7 +242,8 @@ def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> li
     if spec.direction == "bwd":
         candidates = GLUON_BWD_CANDIDATES
     else:
-        # fp8's own first: a short study reaches the warm start's head only
+        # fp8's own first among them: a short study reaches only the warm start's head (the
+        # bucket's own and earlier entries and the neighbours' come before the candidates)
         candidates = (GLUON_FP8_CANDIDATES if spec.fp8 else ()) + GLUON_CANDIDATES
     return [p for p in candidates if prune_reason(space, spec, bucket, p) is None]
 
