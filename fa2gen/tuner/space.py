@@ -107,11 +107,11 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
     # 128-key blocks.
     if params.gluon and params.persistent == 2 and params.block_m == 128 and params.block_n == 128:
         return "two persistent Gluon programs an SM on 128 x 128 tiles: their shared memory fits two only at D=64"
-    # fp8's 256-key steps run the plain grid: one persistent program an SM spills 664 B on them
-    # (ptxas for sm90, D=128) and ran slower than the plain grid on 5 of 6 fp8 cells (perf-notes
-    # v63); two do not fit an SM's shared memory.
-    if params.gluon and spec.fp8 and params.block_n == 256 and params.persistent:
-        return "fp8's 256-key Gluon steps run the plain grid (a persistent program spills on them)"
+    # fp8's 256-key steps: two persistent programs an SM do not fit its shared memory at D=128
+    # (one takes 176 KB); one an SM masks its first block with an opaque zero since v64 (it
+    # spilled 664 B in v63).
+    if params.gluon and spec.fp8 and params.block_n == 256 and params.persistent == 2:
+        return "fp8's 256-key Gluon steps: one persistent program an SM at most"
     # Under a causal mask dq_mode matmul's dQ kernel reads the key blocks each 128 queries see,
     # whose skipped tiles the dK/dV kernel zeroes (perf-notes v39, v45): at D=128 it measured
     # 1.04-1.08x the shipped causal backward on the H200 from N=4k with batched matmuls by
@@ -205,11 +205,13 @@ GLUON_CANDIDATES = (
 )
 # fp8 only: 256-key steps on the plain grid, which ran fp8 D=128 1-3% faster than the shipped
 # forms without a mask from N=4k and 8-9% under the causal mask at N=16k, and 6-7% slower there
-# at N=4k (perf-notes v63); one persistent program an SM spills 664 B on them and ran slower
-# than the plain grid on 5 of 6 cells (prune_reason). They took the N=8k and 16k buckets once
-# they came first among the Gluon candidates: a short study did not reach them last.
+# at N=4k (perf-notes v63). They took the N=8k and 16k buckets once they came first among the
+# Gluon candidates: a short study did not reach them last. One persistent program an SM on
+# them, which under the causal mask takes tiles from the queue like the shipped causal N=4k
+# form, no longer spills (v64: it spilled 664 B in v63).
 GLUON_FP8_CANDIDATES = (
     TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
 )
 
 
