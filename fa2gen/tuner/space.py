@@ -208,7 +208,8 @@ GLUON_CANDIDATES = (
 # at N=4k (perf-notes v63). They took the N=8k and 16k buckets once they came first among the
 # Gluon candidates: a short study did not reach them last. One persistent program an SM on
 # them, which under the causal mask takes tiles from the queue like the shipped causal N=4k
-# form, no longer spills (v64: it spilled 664 B in v63).
+# form, no longer spills (v64: it spilled 664 B in v63), and ran 4-10% faster than the plain
+# grid without a mask and tied it under the mask (perf-notes v64).
 GLUON_FP8_CANDIDATES = (
     TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
     TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
