@@ -13,10 +13,10 @@ import torch
 from helpers import compiled_child, gluon_cases, hopper
 
 from fa2gen.generator import rendering
-from fa2gen.generator.arch import fits, gluon_k_stages, gluon_overlap
+from fa2gen.generator.arch import fits, gluon_k_stages
 from fa2gen.generator.identity import Variant
 from fa2gen.generator.rendering import render, template_hash
-from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, gluon_overlap, param_space, unsupported
 from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES, gluon_candidates, prune_reason, space_for
 from fa2gen.store.buckets import Bucket
 
@@ -172,8 +172,7 @@ def test_identity_and_the_forward_hash_cover_the_gluon_template():
 _CHILD = textwrap.dedent(r"""
     import importlib.util, json, subprocess, sys, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
-    from fa2gen.generator.arch import gluon_overlap
-    from fa2gen.generator.spec import KernelSpec
+    from fa2gen.generator.spec import KernelSpec, gluon_overlap, gluon_wide
     from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
     import re
     # benchmarks/sass_loops.py's count of exponentials issued while a wgmma group is in flight
@@ -197,7 +196,7 @@ _CHILD = textwrap.dedent(r"""
                         # the most between one wait for all wgmma groups and the next
                         "ex2_in_flight": max(sass_loops.ex2_in_flight(part.splitlines())
                                              for part in sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x0")),
-                        "overlap": gluon_overlap(spec, params), "wide": params.block_n == 256,
+                        "overlap": gluon_overlap(spec, params), "wide": gluon_wide(spec, params),
                         "losses": list(performance_losses(report))})
     print(json.dumps(out))
 """)

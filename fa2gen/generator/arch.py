@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import TMA_LOADS, KernelSpec, TuningParams
+from .spec import TMA_LOADS, KernelSpec, TuningParams, gluon_overlap
 
 
 @dataclass(frozen=True)
@@ -35,15 +35,6 @@ def arch_from_capability(major: int, minor: int) -> str:
     if major == 8:
         return "sm86" if minor >= 6 else "sm80"
     return name
-
-
-def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
-    """Whether the Gluon forward runs each block's softmax under the previous block's P @ V
-    (the template's ``overlap``): two partitions on 128 x 128 tiles, three stages or more,
-    16-bit. The template decides this itself; tests/test_gluon_forward.py checks that the two
-    agree."""
-    return (params.gluon == 2 and params.block_m == 128 and params.block_n == 128
-            and params.num_stages >= 3 and not spec.fp8)
 
 
 def gluon_k_stages(spec: KernelSpec, params: TuningParams) -> int:

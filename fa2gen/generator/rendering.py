@@ -8,7 +8,7 @@ from importlib import resources
 
 import jinja2
 
-from .spec import KernelSpec, SpecError, TuningParams, unsupported
+from .spec import KernelSpec, SpecError, TuningParams, gluon_overlap, gluon_wide, unsupported
 
 # Each direction's Triton template, and the forward's Gluon one (TuningParams.gluon > 0).
 TEMPLATES = {"fwd": "attn_fwd.py.jinja", "bwd": "attn_bwd.py.jinja"}
@@ -76,4 +76,8 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
         loads=params.loads,
         dq_atomic=params.dq_mode in ("atomic", "tma_reduce"),
         dq_mode=params.dq_mode,
+        # the Gluon forward's derived forms, decided once in spec.py for the template, the
+        # shared-memory estimate and the tests alike
+        overlap=gluon_overlap(spec, params),
+        wide=gluon_wide(spec, params),
     )

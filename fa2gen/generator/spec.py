@@ -231,7 +231,7 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
     if params.loads != "tma_host":
         return "the Gluon forward reads through host descriptors: loads=tma_host"
-    if params.block_m not in GLUON_TILES or (params.block_n not in GLUON_TILES and not _fp8_wide(spec, params)):
+    if params.block_m not in GLUON_TILES or (params.block_n not in GLUON_TILES and not gluon_wide(spec, params)):
         return f"the Gluon forward's tiles are {GLUON_TILES} rows (fp8 with two partitions: also 256 keys a step)"
     if params.gluon == 2 and params.block_m != 128:
         return "gluon=2 splits block_m=128 into two 64-row warp groups"
@@ -242,9 +242,21 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     return None
 
 
-def _fp8_wide(spec: KernelSpec, params: TuningParams) -> bool:
-    # fp8's 256-key steps (perf-notes v63), on two 64-row partitions
-    return spec.fp8 and params.block_n == 256 and params.gluon == 2
+def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
+    """Whether the Gluon forward runs each block's softmax under the previous block's P @ V
+    (the template's ``overlap``): two partitions on 128 x 128 tiles, three stages or more,
+    16-bit. Only where it measured faster on the H200 (perf-notes v59c, 4-6.5%): with two
+    stages it ran 4-8% slower, on 128 x 64 tiles with three 0.97-1.02x, in fp8 slower with
+    either."""
+    return (spec.direction == "fwd" and params.gluon == 2 and params.block_m == 128 and params.block_n == 128
+            and params.num_stages >= 3 and not spec.fp8)
+
+
+def gluon_wide(spec: KernelSpec, params: TuningParams) -> bool:
+    """Whether the Gluon forward takes fp8's 256-key steps (the template's ``wide``, perf-notes
+    v63), on two 64-row partitions: 64 x 256 scores take 128 registers a thread, so P @ V and
+    the next scores' matmul take turns."""
+    return spec.direction == "fwd" and spec.fp8 and params.block_n == 256 and params.gluon == 2
 
 
 GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
