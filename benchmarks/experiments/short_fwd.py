@@ -16,21 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
-from fa2gen.bench.timing import kernel_ms, measure
-
-
-def graphed(fn):
-    """fn captured into a CUDA graph (after warm-up runs on a side stream); returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+from fa2gen.bench.timing import graph_replay, kernel_ms, measure
 
 
 def main() -> None:
@@ -57,7 +43,7 @@ def main() -> None:
                     for name, fn in (("fa2gen", ours), ("cudnn", cudnn)):
                         fn()
                         try:
-                            graph_ms = measure(graphed(fn)).median_ms
+                            graph_ms = measure(graph_replay(fn)).median_ms
                         except RuntimeError as e:  # a call that cannot be captured is a result here
                             print(f"{case.label()} {name}: no graph: {str(e)[:120]}", flush=True)
                             graph_ms = float("nan")

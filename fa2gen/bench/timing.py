@@ -23,6 +23,23 @@ def measure(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> Timing:
     return Timing(median_ms=median, p20_ms=p20, p80_ms=p80)
 
 
+def graph_replay(fn):
+    """``fn`` captured into a CUDA graph (after three warm-up runs on a side stream), as a
+    function that replays it: timing the replay leaves the host's part of the call out."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def kernel_ms(fn, names=(), *, calls: int = 10) -> dict[str, float]:
     """GPU time per call of each kernel ``fn`` launches (ms), from the PyTorch profiler: the
     kernels alone, without the host's part. A kernel whose name contains one of ``names``
