@@ -277,9 +277,9 @@ def test_a_gluon_fp8_call_that_falls_back_stages_v_once_in_plain_order(monkeypat
     calls = []
     real = launch_mod.transposed_v
 
-    def spy(v, *, key_order=False):
+    def spy(v, *, key_order=False, **kw):
         calls.append(key_order)
-        return real(v, key_order=key_order)
+        return real(v, key_order=key_order, **kw)
 
     monkeypatch.setattr(launch_mod, "transposed_v", spy)
     params = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2)

@@ -223,6 +223,35 @@ def test_direct_launches_give_the_bits_of_triton_launches(monkeypatch, causal):
     assert len(taken) == 3 * 4 and all(taken[:9]) and not taken[9] and not taken[11]
 
 
+def test_fp8_calls_launch_v_copy_and_attention_directly(monkeypatch):
+    """An fp8 call shape's later calls launch V's staged copy and the attention kernel through
+    the kept launchers (the copy's launch through Triton cost short cells more host time
+    than the copy itself), with the bits of launches through Triton."""
+    from fa2gen.runtime import direct
+
+    taken = []
+    real = direct.DirectKernel.__call__
+
+    def counted(self, args):
+        taken.append(real(self, args))
+        return taken[-1]
+
+    monkeypatch.setattr(direct.DirectKernel, "__call__", counted)
+    q, k, v = (t.to(torch.float8_e4m3fn) for t in rand_qkv(2, 4, 2, 333, 517, 128, device="cuda", seed=7,
+                                                           dtype=torch.float32))
+
+    def calls(enabled):
+        monkeypatch.setattr(direct, "ENABLED", enabled)
+        clear_memo()
+        return [fa2gen.attention(q, k, v.clone(), causal=True) for _ in range(3)]
+
+    through_triton, direct_ones = calls(False), calls(True)
+    clear_memo()
+    assert all(torch.equal(a, b) for a, b in zip(through_triton, direct_ones))
+    # the first call keeps both launchers; the next two take them: copy, then attention
+    assert taken == [True] * 4
+
+
 @pytest.fixture(params=["atomic", "tma_reduce"])
 def atomic_dq(monkeypatch, request):
     """attention()'s backward with dQ added from the dK/dV kernel: by per-element atomics,

@@ -112,7 +112,7 @@ def _transpose_kernel():
 _TRANSPOSE_BLOCK = 64
 
 
-def transposed_v(v: torch.Tensor, *, key_order: bool = False) -> torch.Tensor:
+def transposed_v(v: torch.Tensor, *, key_order: bool = False, kept: dict | None = None) -> torch.Tensor:
     """V as (B, Hkv, D, Nk) (with ``key_order``, see below), each row padded to a 16-byte
     multiple so that tensor descriptors can address it: sm90's fp8 matmul reads P @ V's V
     contiguous along keys. One extra pass
@@ -122,7 +122,11 @@ def transposed_v(v: torch.Tensor, *, key_order: bool = False) -> torch.Tensor:
 
     ``key_order``: the keys of each 16-key group in the order the Gluon forward's P holds them
     (key 8a + 2q + b at column 4q + 2a + b), and (B, Hkv, D, Nk rounded up to 16) with zeros
-    past Nk, since a key of the last group may land there."""
+    past Nk, since a key of the last group may land there.
+
+    ``kept``: a kept launch's dict of direct launchers (``runtime.direct``), where the copy's
+    launcher is kept after its first launch: on short cells the copy's launch through Triton
+    cost more host time than the copy takes on the GPU."""
     b, h, n, d = v.shape
     padded = -(-n // 16) * 16
     vt = torch.empty((b, h, d, padded), dtype=v.dtype, device=v.device)
@@ -132,8 +136,14 @@ def transposed_v(v: torch.Tensor, *, key_order: bool = False) -> torch.Tensor:
         return vt
     d_pad = max(16, 1 << (d - 1).bit_length())
     grid = (b * h, -(-padded // _TRANSPOSE_BLOCK))
-    _transpose_kernel()[grid](v, vt, h, n, padded, *v.stride()[:3], *vt.stride()[:3], D=d, D_PAD=d_pad,
-                              BLOCK=_TRANSPOSE_BLOCK, KEY_ORDER=key_order)
+    args = [v, vt, h, n, padded, *v.stride()[:3], *vt.stride()[:3]]
+    options = dict(D=d, D_PAD=d_pad, BLOCK=_TRANSPOSE_BLOCK, KEY_ORDER=key_order)
+    if kept is None:
+        _transpose_kernel()[grid](*args, **options)
+    else:  # the grid and the int arguments follow the call shape, as the kept launch's do
+        from .direct import launch
+
+        launch(kept, ("transpose", key_order), _transpose_kernel(), grid, args, options)
     return vt
 
 

@@ -287,7 +287,7 @@ class Launch:
     def staged_v(self, v: torch.Tensor) -> torch.Tensor:
         """V as this launch's kernel reads it: for fp8, transposed, and with its keys in P's
         order where the kernel is the Gluon one (``transposed_v(key_order=True)``)."""
-        return transposed_v(v, key_order=bool(self.params.gluon)) if self.spec.fp8 else v
+        return transposed_v(v, key_order=bool(self.params.gluon), kept=self._direct) if self.spec.fp8 else v
 
     def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
         # fp8's staged V is new, contiguous and padded for descriptors: only the caller's
