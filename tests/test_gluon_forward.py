@@ -136,9 +136,12 @@ def test_fp8_wide_steps_wait_for_p_at_v_before_the_next_scores():
     # perf-notes v63: 64 x 256 scores take 128 registers a thread; with P and acc also in
     # flight ptxas spilled 1.9 KB, so on 256-key steps the two matmuls take turns.
     spec = KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")
-    wide = render(spec, WS2.replace(block_n=256), name="x").split("for j in range(1, n_own):", 1)[1]
+    whole = render(spec, WS2.replace(block_n=256), name="x")
+    wide = whole.split("for j in range(1, n_own):", 1)[1]
     assert wide.index("_pv(") < wide.index("_scores(") < wide.index("_softmax(")
     assert "warpgroup_mma_wait(1" not in wide and "_masked(s, j" in wide
+    # each matmul waited for once (no second wait for P @ V), and no unused mask helper
+    assert "deps=(acc,)" not in wide and "def _mask(" not in whole
     narrow = render(spec, WS2, name="x").split("for j in range(1, n_own):", 1)[1]
     assert narrow.index("_scores(") < narrow.index("_pv(") and "warpgroup_mma_wait(1" in narrow
 
