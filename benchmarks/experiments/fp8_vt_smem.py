@@ -114,11 +114,9 @@ def vt_probe(V, OUT, BN: gl.constexpr, DH: gl.constexpr, REPS: gl.constexpr, WOR
 
 
 def _signature(BN, DH):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
     layout = gl.NVMMASharedLayout.get_default_for([BN, DH], gl.float8e4nv)
     return {"V": f"tensordesc<fp8e4nv[{BN},{DH}],{layout!r}>", "OUT": "*fp8e4nv", "BN": "constexpr",
-            "DH": "constexpr", "REPS": "constexpr", "WORDS": "constexpr",
-            "num_warps": "constexpr"}
+            "DH": "constexpr", "REPS": "constexpr", "WORDS": "constexpr", "num_warps": "constexpr"}
 
 
 def sass(BN=256, DH=64, WORDS=1):
@@ -126,25 +124,22 @@ def sass(BN=256, DH=64, WORDS=1):
     import re
     import subprocess
     import tempfile
-    import os
+
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = vt_probe
+    from fa2gen.generator.ahead import assemble, nvidia_tool
+
     constexprs = {"BN": BN, "DH": DH, "REPS": 1, "WORDS": WORDS, "num_warps": 4}
-    keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    src = GluonASTSource(fn, _signature(BN, DH), keys, {})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        open(ptx, "w").write(k.asm["ptx"])
-        rep = subprocess.run([f"{bindir}/ptxas", "-v", "--gpu-name=sm_90a", ptx, "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True).stderr
-        out = subprocess.run([f"{bindir}/cuobjdump", "--dump-sass", f"{tmp}/k.cubin"], capture_output=True,
-                             text=True).stdout
-    ops = collections.Counter(m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", out))
-    print(re.search(r"Used \d+ registers[^\n]*", rep).group(0))
+    keys = {(vt_probe.arg_names.index(k),): v for k, v in constexprs.items()}
+    kernel = triton.compile(GluonASTSource(vt_probe, _signature(BN, DH), keys, {}),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        report = assemble(kernel, "sm90", cubin.name, name="vt_probe")
+        listing = subprocess.run([nvidia_tool("cuobjdump"), "--dump-sass", cubin.name], capture_output=True,
+                                 text=True).stdout
+    ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", listing))
+    print(re.search(r"Used \d+ registers[^\n]*", report).group(0))
     print({o: c for o, c in sorted(ops.items()) if o.split(".")[0] in ("LDS", "STS", "PRMT", "SHFL", "LDSM", "STSM", "BAR")})
 
 
