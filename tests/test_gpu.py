@@ -182,11 +182,9 @@ def test_attention_keeps_each_call_shapes_backward_launch():
     assert kept[0] is kept[1]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_direct_launches_give_the_bits_of_triton_launches(monkeypatch, causal):
-    """FA2GEN_DIRECT_LAUNCH=1: a call shape's later calls launch through the kept launchers,
-    with outputs and gradients bitwise those of launches through Triton; a call that
-    specialises otherwise (an output gradient with other strides) goes through Triton."""
+def direct_launches_taken(monkeypatch) -> list:
+    """Records, for each launch offered to a kept launcher, whether it was taken (True) or
+    left to Triton (False)."""
     from fa2gen.runtime import direct
 
     taken = []
@@ -197,6 +195,17 @@ def test_direct_launches_give_the_bits_of_triton_launches(monkeypatch, causal):
         return taken[-1]
 
     monkeypatch.setattr(direct.DirectKernel, "__call__", counted)
+    return taken
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_direct_launches_give_the_bits_of_triton_launches(monkeypatch, causal):
+    """FA2GEN_DIRECT_LAUNCH=1: a call shape's later calls launch through the kept launchers,
+    with outputs and gradients bitwise those of launches through Triton; a call that
+    specialises otherwise (an output gradient with other strides) goes through Triton."""
+    from fa2gen.runtime import direct
+
+    taken = direct_launches_taken(monkeypatch)
     q, k, v = rand_qkv(2, 8, 2, 777, 777, 128, device="cuda", seed=31)
     dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
     other = dout.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
@@ -225,18 +234,11 @@ def test_direct_launches_give_the_bits_of_triton_launches(monkeypatch, causal):
 
 def test_fp8_calls_launch_v_copy_and_attention_directly(monkeypatch):
     """An fp8 call shape's later calls launch V's staged copy and the attention kernel through
-    the kept launchers (the copy's launch through Triton cost short cells more host time
-    than the copy itself), with the bits of launches through Triton."""
+    the kept launchers, past Triton's per-call dispatch, with the bits of launches through
+    Triton."""
     from fa2gen.runtime import direct
 
-    taken = []
-    real = direct.DirectKernel.__call__
-
-    def counted(self, args):
-        taken.append(real(self, args))
-        return taken[-1]
-
-    monkeypatch.setattr(direct.DirectKernel, "__call__", counted)
+    taken = direct_launches_taken(monkeypatch)
     q, k, v = (t.to(torch.float8_e4m3fn) for t in rand_qkv(2, 4, 2, 333, 517, 128, device="cuda", seed=7,
                                                            dtype=torch.float32))
 
