@@ -125,8 +125,8 @@ def transposed_v(v: torch.Tensor, *, key_order: bool = False, kept: dict | None 
     past Nk, since a key of the last group may land there.
 
     ``kept``: a kept launch's dict of direct launchers (``runtime.direct``), where the copy's
-    launcher is kept after its first launch: on short cells the copy's launch through Triton
-    cost more host time than the copy takes on the GPU."""
+    launcher is kept after its first launch, so that later calls skip Triton's per-call
+    dispatch for the copy as they do for the attention kernel."""
     b, h, n, d = v.shape
     padded = -(-n // 16) * 16
     vt = torch.empty((b, h, d, padded), dtype=v.dtype, device=v.device)
