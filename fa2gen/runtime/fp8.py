@@ -13,6 +13,7 @@ import threading
 
 import torch
 
+from .direct import launch
 from .problem import Problem
 
 FP8_TORCH = torch.float8_e4m3fn
@@ -141,8 +142,6 @@ def transposed_v(v: torch.Tensor, *, key_order: bool = False, kept: dict | None 
     if kept is None:
         _transpose_kernel()[grid](*args, **options)
     else:  # the grid and the int arguments follow the call shape, as the kept launch's do
-        from .direct import launch
-
         launch(kept, ("transpose", key_order), _transpose_kernel(), grid, args, options)
     return vt
 
