@@ -1,12 +1,12 @@
 """The bench's Markdown table marks the entries whose runs spread (an unsteady median);
-kernel_ms refuses bad arguments before it touches a GPU."""
+kernel_ms and graph_replay refuse bad arguments before they touch a GPU."""
 
 import pytest
 
 from fa2gen.bench.grid import Case
 from fa2gen.bench.report import UNSTEADY_MARK, markdown
 from fa2gen.bench.runner import Result
-from fa2gen.bench.timing import kernel_ms
+from fa2gen.bench.timing import graph_replay, kernel_ms
 
 
 def _result(seqlen, fa2gen_ms, cudnn_ms):
@@ -42,3 +42,8 @@ def test_kernel_ms_names_the_bad_argument(kwargs, error, match):
     args = dict(fn=lambda: None, names=(), calls=1) | kwargs
     with pytest.raises(error, match=match):
         kernel_ms(args.pop("fn"), args.pop("names"), **args)
+
+
+def test_graph_replay_names_the_bad_argument():
+    with pytest.raises(TypeError, match="fn must be callable, got str"):
+        graph_replay("attention")

@@ -26,6 +26,8 @@ def measure(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> Timing:
 def graph_replay(fn):
     """``fn`` captured into a CUDA graph (after three warm-up runs on a side stream), as a
     function that replays it: timing the replay leaves the host's part of the call out."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     import torch
 
     stream = torch.cuda.Stream()
