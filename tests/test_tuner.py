@@ -611,6 +611,30 @@ def test_the_stored_entry_competes_in_the_study_and_loses_to_a_faster_point(tmp_
     assert entry.params == r.best and entry.measurement.median_ms == pytest.approx(ev.cost_ms(B4K, r.best))
 
 
+def test_the_other_16_bit_dtypes_winner_is_a_warm_start(tmp_path):
+    """An fp16 study measures the bf16 winner of the same bucket right after its own entry:
+    with three trials nothing else would reach it. An fp8 bucket has no sibling."""
+    from fa2gen.store.records import Entry, Measurement
+    from fa2gen.tuner.run import sibling_params
+
+    db = TunedDB(tmp_path / "tuned.sqlite")
+    bf16 = Bucket("fwd", "bf16", 128, "causal", False, 1, 4096, 4096, 64)
+    won = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=4, loads="tma_host", persistent=1, gluon=2)
+    db.put([Entry(validity=VALID, bucket=bf16, params=won, measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
+                  default_ms=1.2, trials=40)])
+    assert sibling_params(db, VALID, B4K) == [won]
+    assert sibling_params(db, Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210"), B4K) == []
+    fp8 = Bucket("fwd", "fp8e4m3", 128, "causal", False, 1, 4096, 4096, 64)
+    assert sibling_params(db, VALID, fp8) == []
+    ev = CostModelEvaluator(optimum=won)
+    _, storage, _, [r] = _tune(tmp_path, [B4K], trials=3, evaluator=ev)
+    study = optuna.load_study(study_name=[s.study_name for s in storage.get_all_studies()
+                                          if s.study_name.endswith(B4K.key)][0], storage=storage)
+    first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
+    assert first[:2] == [bucket_default(B4K, "sm90"), won]
+    assert r.best == won
+
+
 def test_a_stored_entry_the_study_could_not_time_keeps_its_place(tmp_path):
     """Where the study never timed the stored entry's params (here they fail to compile), only
     a faster time replaces it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from dataclasses import dataclass
@@ -110,6 +111,20 @@ def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int =
     return _distinct_params(entries, limit)
 
 
+SIBLING_DTYPES = {"fp16": "bf16", "bf16": "fp16"}  # one kernel code, one schedule: tuned alike
+
+
+def sibling_params(db: TunedDB, validity: Validity, bucket: Bucket) -> list[TuningParams]:
+    """The winner stored for this bucket in the other 16-bit dtype under the same validity.
+    fp16 and bf16 run the same generated code but for the element type, so one's winner is
+    a likely point for the other, and one a study of few trials may never draw."""
+    other = SIBLING_DTYPES.get(bucket.dtype)
+    if other is None:
+        return []
+    twin = db.get(validity, dataclasses.replace(bucket, dtype=other))
+    return [twin.params] if twin else []
+
+
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
     """Best params of the nearest already-tuned buckets of the same kernel."""
     entries = [e for e in db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
@@ -164,7 +179,7 @@ def tune(
         # from a shipped file) is measured early, so that it competes in this study's timing.
         stored = db.get(validity, bucket)
         own = [stored.params] if stored else []
-        kept = [p for p in own + earlier_params(db, validity, bucket)
+        kept = [p for p in own + earlier_params(db, validity, bucket) + sibling_params(db, validity, bucket)
                 if prune_reason(bucket_space, spec, bucket, p) is None]
         result = tune_bucket(
             bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
