@@ -62,3 +62,24 @@ def test_gluon_experiments_compile_for_sm90_and_overlap_their_matmuls():
     # The backward's exponentials run while its dP matmul is in flight; the serial control's do not.
     assert got["bwd dkdv overlap causal"]["exp_under_mma"] and got["bwd dq overlap"]["exp_under_mma"]
     assert not got["bwd dq serial"]["exp_under_mma"]
+
+
+def test_package_ab_report_shows_a_cut_short_pass_as_missing(tmp_path):
+    """benchmarks/experiments/package_ab.py's report: each cell's median time over the base's,
+    cuDNN-normalised and raw; a version that has no run of a cell (its pass stopped) shows a
+    dash there, and its geomeans say over how many cells they ran."""
+    records = tmp_path / "ab.jsonl"
+    rows = [("main", "fp16 D64 N512 full", 1.0, 1.0), ("main", "fp16 D64 N512 causal", 2.0, 1.0),
+            ("new", "fp16 D64 N512 full", 0.9, 1.0), ("main", "fp16 D64 N512 full", 1.2, 1.2)]
+    records.write_text("".join(
+        json.dumps({"tag": tag, "cell": cell, "ms": ms, "cudnn_ms": cudnn,
+                    "label": "m128 n128 w8 s2 tma_host persistent1 gluon2"}) + "\n"
+        for tag, cell, ms, cudnn in rows))
+    out = subprocess.run([sys.executable, str(EXPERIMENTS / "package_ab.py"), "report", str(records), "main"],
+                         capture_output=True, text=True, check=True).stdout
+    full = next(line for line in out.splitlines() if line.startswith("fp16 D64 N512 full"))
+    causal = next(line for line in out.splitlines() if line.startswith("fp16 D64 N512 causal"))
+    # main's two runs: normalised 1.0 and 1.0, raw 1.0 and 1.2 (median 1.1)
+    assert full.split()[-3:] == ["0.900", "/", "0.818"]
+    assert causal.split()[-3:] == ["-", "/", "-"]
+    assert "geomean Gluon persistent, new (1 of 2 cells): 0.900" in out

@@ -137,13 +137,18 @@ def report(records: str, base: str = "main") -> None:
         return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
     def rel(tag, cell, times=runs):
+        # None where a version has no run of the cell (a pass cut short)
+        if not times[(tag, cell)] or not times[(base, cell)]:
+            return None
         return median(times[(tag, cell)]) / median(times[(base, cell)])
+
+    def shown(tag, cell):
+        return "      -  /    - " if rel(tag, cell) is None else f"{rel(tag, cell):7.3f} /{rel(tag, cell, raw):6.3f}"
 
     print(f"time over {base}'s (below 1: faster), median of runs: cuDNN-normalised / raw")
     print(f"{'cell':28s} {base + ' params':48s} " + " ".join(f"{t[:15]:>15s}" for t in others))
     for cell in labels:
-        print(f"{cell:28s} {labels[cell][:48]:48s} "
-              + " ".join(f"{rel(t, cell):7.3f} /{rel(t, cell, raw):6.3f}" for t in others))
+        print(f"{cell:28s} {labels[cell][:48]:48s} " + " ".join(shown(t, cell) for t in others))
     groups = {
         "Gluon persistent": lambda c: "persistent" in labels[c] and "gluon" in labels[c],
         "Gluon, causal": lambda c: "gluon" in labels[c] and c.endswith("causal"),
@@ -153,10 +158,11 @@ def report(records: str, base: str = "main") -> None:
     for name, member in groups.items():
         for fp8 in (False, True):
             cells = [c for c in labels if member(c) and c.startswith("fp8") == fp8]
-            if cells:
-                gm = [math.exp(sum(math.log(rel(t, c)) for c in cells) / len(cells)) for t in others]
-                print(f"geomean {name}{', fp8' if fp8 else ''} ({len(cells)} cells): "
-                      + " ".join(f"{t} {g:.3f}" for t, g in zip(others, gm)))
+            for t in others:
+                ratios = [rel(t, c) for c in cells if rel(t, c) is not None]
+                if ratios:
+                    gm = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+                    print(f"geomean {name}{', fp8' if fp8 else ''}, {t} ({len(ratios)} of {len(cells)} cells): {gm:.3f}")
 
 
 if __name__ == "__main__":
