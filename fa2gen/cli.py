@@ -285,6 +285,9 @@ def tune(
     seed: int = 0,
     workers: Annotated[Optional[int], typer.Option(help="parallel compile processes")] = None,
     limit: Annotated[Optional[int], typer.Option(help="tune only the first N buckets of the grid")] = None,
+    untuned: Annotated[bool, typer.Option(
+        help="tune only the buckets with no entry for this GPU, Triton and template (after a template change: "
+             "those the carried-over entries leave)")] = False,
 ) -> None:
     """Search the fastest correct config per problem bucket on the local GPU."""
     import torch
@@ -308,7 +311,7 @@ def tune(
     evaluator = GpuEvaluator(workers=workers, seed=seed)
     try:
         _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit,
-                  directions)
+                  directions, untuned)
     except DeviceFault as e:
         typer.echo(f"fa2gen tune: stopped, the GPU context is unusable after a faulty candidate ({e}); "
                    "run the same command again to resume", err=True)
@@ -338,7 +341,7 @@ def _directions(text: str | None) -> tuple[str, ...] | None:
 
 
 def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit,
-              directions=None) -> None:
+              directions=None, untuned=False) -> None:
     """The body of ``fa2gen tune`` after the GPU checks (CPU tests drive it with a cost model)."""
     import triton
     from rich.console import Console
@@ -364,14 +367,17 @@ def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, samp
     if wanted:
         buckets = [b for b in buckets if b.direction in wanted]
     _check_tune_options(trials, time_budget, sampler, None, limit)
-    if limit is not None:
-        buckets = buckets[:limit]
     results_db = TunedDB(db)
     storage_url = storage or f"sqlite:///{results_db.path.with_name(results_db.path.stem + '-studies.sqlite')}"
     cap = f"{dev.capability[0]}.{dev.capability[1]}"
 
     def validity_for(bucket):
         return Validity(dev.name, cap, triton.__version__, template_hash(bucket.direction))
+
+    if untuned:
+        buckets = [b for b in buckets if results_db.get(validity_for(b), b) is None]
+    if limit is not None:
+        buckets = buckets[:limit]
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     state = {"bucket": None}

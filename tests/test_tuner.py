@@ -543,6 +543,34 @@ def test_tune_command_body_with_directions(tmp_path):
     assert len(keys) == 2 and all(k.startswith("bwd/") for k in keys)
 
 
+def test_tune_untuned_skips_the_buckets_that_have_an_entry(tmp_path):
+    """fa2gen tune --untuned tunes only the grid's buckets with no entry under the current
+    validity (what carry-over left after a template change); an entry under another template
+    does not count."""
+    from fa2gen.cli import _run_tune
+    from fa2gen.generator.rendering import template_hash
+    from fa2gen.runtime.device import DeviceInfo
+    from fa2gen.store.records import Entry, Measurement
+    from fa2gen.tuner.grid import default_buckets
+
+    import triton
+
+    first, second, third = default_buckets(("bwd",))[:3]
+    db = TunedDB(tmp_path / "tuned.sqlite")
+    now = Validity("TEST_GPU", "9.0", triton.__version__, template_hash("bwd"))
+    stale = Validity("TEST_GPU", "9.0", triton.__version__, "fedcba9876543210")
+    held = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")
+    m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
+    db.put([Entry(validity=now, bucket=first, params=held, measurement=m, default_ms=1.2, trials=5),
+            Entry(validity=stale, bucket=second, params=held, measurement=m, default_ms=1.2, trials=5)])
+    ev = CostModelEvaluator()
+    _run_tune("sm90", DeviceInfo("TEST_GPU", (9, 0), "sm90", 132), ev, None, 3, None, db.path,
+              f"sqlite:///{tmp_path / 'studies.sqlite'}", "tpe", True, 0, 2, "bwd", True)
+    entries = {e.bucket: e for e in TunedDB(db.path).entries() if e.validity == now}
+    assert set(entries) == {first, second, third}  # the first kept as it was; two tuned
+    assert entries[first].trials == 5 and entries[second].trials == 3 and entries[third].trials == 3
+
+
 def test_persistent_grids_are_searched_on_sm90_forward_only():
     from fa2gen.tuner.space import prune_reason
 
