@@ -163,6 +163,26 @@ def test_the_shared_memory_estimate_counts_the_rings_the_template_allocates():
     assert fits(KernelSpec(dtype="bf16", head_dim=128), WS2.replace(num_stages=4, persistent=1), "sm90")
 
 
+def test_a_persistent_program_keeps_two_q_slots_and_the_estimate_counts_them():
+    """A persistent program loads the next tile's Q into Q's second slot while this tile runs;
+    in 16-bit the output leaves through the tile's own Q slot (no buffer of its own), in fp8
+    through O's. A plain grid keeps one Q buffer. The pruning estimate counts the same."""
+    from fa2gen.generator.arch import smem_estimate
+
+    for dtype in ("bf16", "fp8e4m3"):
+        spec = KernelSpec(dtype=dtype, head_dim=128, mask="causal")
+        for persistent in (0, 1):
+            params = WS2.replace(persistent=persistent)
+            src = render(spec, params, name="x")
+            two = "[2 * GROUPS] + Q.block_type.shape" in src
+            assert two == bool(persistent) and ("q_ready = _barriers(2, 1)" in src) == two, (dtype, persistent)
+            assert ("tma.async_copy_shared_to_global(O, [b, h, row0, 0], q_buf)" in src) == (two and dtype == "bf16")
+            q = 128 * 128 * spec.element_bytes
+            kv = 2 * 2 * 128 * 128 * spec.element_bytes
+            o = 128 * 128 * 2 if spec.fp8 else 0
+            assert smem_estimate(spec, params) == (2 if persistent else 1) * q + kv + o, (dtype, persistent)
+
+
 def test_identity_and_the_forward_hash_cover_the_gluon_template():
     spec = KernelSpec(head_dim=128)
     names = {Variant(spec, p).name for p in (WS2, WS2.replace(gluon=1, block_m=128), WS2.replace(gluon=0))}
@@ -208,8 +228,9 @@ _CHILD = textwrap.dedent(r"""
 # The candidates allowed to spill, by at most this much: one persistent program an SM on
 # 128 x 128 tiles, whose tile loop holds a few more values, which on short sequences measured
 # 1.05-1.12x the shipped configs all the same (perf-notes v54); with three stages it spills
-# 72 B (v62).
-SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 96}
+# 72 B (v62), 100 B with two Q slots (v69, not yet measured), none of it in the key loops
+# (benchmarks/sass_loops.py: no local loads there).
+SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 100}
 
 
 def test_compiles_for_sm90_without_spills():
