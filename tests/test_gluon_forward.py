@@ -365,6 +365,30 @@ def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("params", [TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host",
+                                                 gluon=2, persistent=2),
+                                    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2,
+                                                 loads="tma_host", gluon=2, persistent=1)],
+                         ids=lambda p: p.label())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("waves", [0, 1, 2], ids=["one-tile", "grid+1", "2grid+1"])
+def test_persistent_programs_that_take_none_one_or_more_tiles(params, causal, waves):
+    """A persistent program loads the next tile's Q into the other of two slots and posts each
+    tile's number in that slot's own word, so the end-of-tiles word lands in either slot: one
+    tile in all (every other program takes none), and one tile more than the grid, or than two
+    grids, so that one program takes one tile more than the rest. Under the mask tiles come
+    from a counter, and which program takes how many is up to the race."""
+    from helpers import rand_qkv, run_and_check
+
+    grid = params.persistent * torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = waves * grid + 1  # one query block a (batch, head): 77 rows
+    q, k, v = rand_qkv(tiles, 1, 1, 77, 77, 128, dtype=torch.float16, device="cuda", seed=tiles)
+    verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("persistent", [0, 2], ids=["plain", "persistent2"])
 @pytest.mark.parametrize("shape", [(8, 16, 4, 1000 + 9, 1000 + 9, 128), (4, 16, 4, 1009, 700, 128),
