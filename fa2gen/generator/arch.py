@@ -46,7 +46,7 @@ def gluon_k_stages(spec: KernelSpec, params: TuningParams) -> int:
 def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     """Shared memory a variant needs, in bytes (an estimate for pruning).
 
-    Forward: Q stays resident; K and V are buffered ``num_stages`` deep (K one slot less in
+    Forward: Q stays resident (two slots in a persistent Gluon program); K and V are buffered ``num_stages`` deep (K one slot less in
     the Gluon forms with the overlapped softmax); on the pointer path the probability tile P is
     staged through shared memory for the second dot.
     Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
@@ -73,8 +73,10 @@ def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     k_stages = gluon_k_stages(spec, params) if params.gluon else stages
     kv = (k_stages + stages) * params.block_n * dp * elt
     p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0
-    # the Gluon forward's own O buffer (bf16 for fp8; a persistent program's Q buffer is busy)
-    o = params.block_m * dp * 2 if params.gluon and (spec.fp8 or params.persistent) else 0
+    if params.gluon and params.persistent:
+        q *= 2  # two Q slots: the next tile's Q lands while this tile runs
+    # the Gluon forward's own O buffer for fp8 (bf16, twice Q's size); 16-bit O goes through Q's
+    o = params.block_m * dp * 2 if params.gluon and spec.fp8 else 0
     return q + kv + p + o
 
 
