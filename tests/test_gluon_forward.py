@@ -195,6 +195,7 @@ def test_identity_and_the_forward_hash_cover_the_gluon_template():
 _CHILD = textwrap.dedent(r"""
     import importlib.util, json, subprocess, sys, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
+    from fa2gen.generator.arch import smem_estimate
     from fa2gen.generator.spec import KernelSpec, gluon_overlap, gluon_wide
     from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
     import re
@@ -220,6 +221,7 @@ _CHILD = textwrap.dedent(r"""
                         "ex2_in_flight": max(sass_loops.ex2_in_flight(part.splitlines())
                                              for part in sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x0")),
                         "overlap": gluon_overlap(spec, params), "wide": gluon_wide(spec, params),
+                        "shared": kernel.metadata.shared, "estimate": smem_estimate(spec, params),
                         "losses": list(performance_losses(report))})
     print(json.dumps(out))
 """)
@@ -244,6 +246,10 @@ def test_compiles_for_sm90_without_spills():
         assert k["spill"] <= SPILL_ALLOWED.get(k["label"], 0), k
         assert k["gmma"] > 0 and k["setmaxnreg"] and k["wait_one"] != k["wide"] and k["losses"] == [], k
         assert k["registers"] <= (168 if "m128" in k["label"] else 128), k
+        # the estimate the tuner prunes by is the compiled kernel's shared memory less its
+        # barriers and posted words (a few hundred bytes): a buffer the template adds without
+        # the estimate would let the tuner compile variants that cannot launch
+        assert 0 <= k["shared"] - k["estimate"] <= 1024, k
         # In the overlap form (two partitions, 128 x 128 tiles, three stages, 16-bit) block
         # j's softmax runs while block j-1's P @ V is on the tensor cores (perf-notes v59,
         # v59c): a branch in the key loop or a barrier after the wait for P @ V had ptxas wait
