@@ -6,9 +6,10 @@ for every loop that holds tensor-core instructions (HGMMA; QGMMA in fp8), its in
 its local-memory loads (LDL: spilled registers read back) and its exponentials, all of them and
 those issued while a matmul is still in flight (after a wait that leaves one wgmma group
 outstanding, before the wait for all). Loops nest: an outer loop's
-count includes its inner loops. Also reports spills and ptxas's C7515 warning (wgmma
-serialised). A shorter loop body for the same HGMMAs is less non-matmul work per FLOP;
-whether that is faster is for the GPU to say. --opcodes also counts each kernel's
+count includes its inner loops. Also reports spills and ptxas's notes that it serialised the
+wgmmas or dropped the register split (fa2gen.generator.ahead.performance_losses). A shorter
+loop body for the same HGMMAs is less non-matmul work per FLOP; whether that is faster is for
+the GPU to say. --opcodes also counts each kernel's
 instructions by opcode over the whole kernel (e.g. MUFU.EX2 against FFMA, SHFL and PRMT).
 
 usage: python benchmarks/sass_loops.py --direction bwd --head-dim 128 --mask none 128,32,8,3,pointer [...]
@@ -83,7 +84,7 @@ def analyse(direction: str, head_dim: int, mask: str, params, arch: str = "sm90"
             report = ahead.assemble(kernel, arch, cubin, name=name)
             sass = subprocess.run([ahead.nvidia_tool("nvdisasm"), "-c", cubin],
                                   capture_output=True, text=True, check=True).stdout
-        out[name] = {"spill_bytes": ahead.spill_bytes(report), "c7515": "C7515" in report, "loops": loop_stats(sass),
+        out[name] = {"spill_bytes": ahead.spill_bytes(report), "losses": ahead.performance_losses(report), "loops": loop_stats(sass),
                      "opcodes": opcode_counts(sass)}
     return out
 
@@ -107,7 +108,7 @@ def main() -> None:
         for name, r in analyse(args.direction, args.head_dim, args.mask, params, args.arch, args.dtype).items():
             loops = "  ".join(f"[{x['instructions']} ins, {x['hgmma']} HGMMA, {x['ldl']} LDL, "
                               f"{x['ex2_in_flight']}/{x['ex2']} EX2 under a matmul]" for x in r["loops"])
-            warn = "  C7515 (wgmma serialised)" if r["c7515"] else ""
+            warn = "".join(f"  ptxas {loss}" for loss in r["losses"])
             print(f"D={args.head_dim} {args.mask} {params.label()} {name}: spills {r['spill_bytes']} B{warn}  {loops}")
             if args.opcodes:
                 print("   ", "  ".join(f"{op} {n}" for op, n in r["opcodes"].most_common(30)))

@@ -133,7 +133,8 @@ def test_sass_loop_counts():
 
 def test_ptxas_performance_losses_are_reported():
     """ptxas's notes that it dropped a warp-specialised kernel's register split (C7507) or
-    serialised its wgmmas (C7512) come back with the resources: the one pass at D=128, whose
+    serialised its wgmmas (C7512, C7514: an accumulator read while its wgmma may be in flight)
+    come back with the resources: the one pass at D=128, whose
     compute warp groups need more registers than its split leaves them, and not at D=64."""
     from fa2gen.generator.ahead import performance_losses
 
@@ -141,10 +142,15 @@ def test_ptxas_performance_losses_are_reported():
               "register requirements.\n"
               "ptxas info    : (C7519) Potential Performance Loss: warpgroup.arrive is injected in around line 9\n"
               "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
-              "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n")
+              "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
+              "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+              "to non wgmma instructions reading accumulator registers of  a wgmma between start and end of the "
+              "pipeline stage in the function 'attn_fwd'\n")
     assert performance_losses(report) == (
         "C7507: 'setmaxnreg' ignored to maintain minimum register requirements.",
-        "C7512: wgmma.mma_async instructions are serialized")
+        "C7512: wgmma.mma_async instructions are serialized",
+        "C7514: wgmma.mma_async instructions are serialized due to non wgmma instructions reading accumulator "
+        "registers of  a wgmma between start and end of the pipeline stage in the function 'attn_fwd'")
     assert performance_losses("ptxas info    : Used 168 registers") == ()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     one_pass = ["generate", "--direction", "bwd", "--block-m", "128", "--block-n", "64", "--num-warps", "8",

@@ -228,10 +228,13 @@ def assemble(kernel, arch: str, cubin: str = os.devnull, *, name: str = "kernel"
 
 
 def performance_losses(report: str) -> tuple[str, ...]:
-    """ptxas's C7507 (setmaxnreg ignored) and C7512 (wgmma serialised) notes in ``report``,
-    each as "CODE: what it says", once each."""
-    found = re.findall(r"\((C75(?:07|12))\) Potential Performance Loss: ([^\n]*)", report)
-    return tuple(sorted({f"{code}: {text.strip()}" for code, text in found}))
+    """ptxas's notes in ``report`` that it dropped a register split (setmaxnreg ignored, C7507)
+    or serialised the wgmmas (C7512, and C7514/C7515: an accumulator read or written while its
+    wgmma may be in flight), each as "CODE: what it says", once each. Other performance notes
+    (C7519: a warpgroup.arrive injected) cost little and are left out."""
+    found = re.findall(r"\((C75\d\d)\) Potential Performance Loss: ([^\n]*)", report)
+    return tuple(sorted({f"{code}: {text.strip()}" for code, text in found
+                         if "setmaxnreg" in text or "serialized" in text}))
 
 
 def spill_bytes(report: str) -> int:
