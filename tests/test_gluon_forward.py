@@ -230,7 +230,7 @@ _CHILD = textwrap.dedent(r"""
 # The candidates allowed to spill, by at most this much: one persistent program an SM on
 # 128 x 128 tiles, whose tile loop holds a few more values, which on short sequences measured
 # 1.05-1.12x the shipped configs all the same (perf-notes v54); with three stages it spills
-# 72 B (v62), 100 B with two Q slots (v69, not yet measured), none of it in the key loops
+# 72 B (v62), 100 B with two Q slots (v69, faster all the same), none of it in the key loops
 # (benchmarks/sass_loops.py: no local loads there).
 SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 100}
 

@@ -46,9 +46,9 @@ def gluon_k_stages(spec: KernelSpec, params: TuningParams) -> int:
 def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
     """Shared memory a variant needs, in bytes (an estimate for pruning).
 
-    Forward: Q stays resident (two slots in a persistent Gluon program); K and V are buffered ``num_stages`` deep (K one slot less in
-    the Gluon forms with the overlapped softmax); on the pointer path the probability tile P is
-    staged through shared memory for the second dot.
+    Forward: Q stays resident (two slots in a persistent Gluon program); K and V are buffered
+    ``num_stages`` deep (K one slot less in the Gluon forms with the overlapped softmax); on the
+    pointer path the probability tile P is staged through shared memory for the second dot.
     Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
     dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles; with
     ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction, with
