@@ -1,13 +1,15 @@
 """Experiment: Gluon forward variants beside the shipped config and SDPA cuDNN (in bf16 for
 fp8 cells), on canonical-grid cells (B*N = 16k, H = 2048 / D). Each variant's output is poisoned
 with NaN, checked by flash-attention's rule, then timed (do_bench median, L2 flushed). VARIANTS
-holds what the current question needs: one or two persistent programs an SM on 128 x 64
-tiles, whose shared memory at D=128 (128-164 KB) leaves room for one program an SM, so that
-two an SM run as two waves (perf-notes, probe after v55). results/fwd-variants/ holds v54's
-run, of persistent programs on 128 x 128 tiles.
+holds what the current question needs: under the causal mask at N <= 1k, the 128-row tiles
+with all eight compute warps in one partition (one copy of the key loops in the kernel, where
+two partitions have one each) beside the two-partition and 64-row forms the tuner searches
+(perf-notes, "Profile (after v70)"). results/fwd-variants/ holds v54's run, of persistent
+programs on 128 x 128 tiles; results/fwd-variants-128x64/ the probe after v55.
 
 usage: python benchmarks/experiments/fwd_variants.py [--dtypes fp16,bf16] [--head-dims 64,128]
-                                                     [--seqlens 512,...] [--out fwd-variants.json]
+                                                     [--seqlens 512,...] [--masks none,causal]
+                                                     [--out fwd-variants.json]
 """
 
 from __future__ import annotations
@@ -27,12 +29,21 @@ from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import Launch, forward
 from fa2gen.runtime.problem import make_problem
 
-def _two_groups(block_n: int, stages: int, persistent: int) -> TuningParams:
-    return TuningParams(block_m=128, block_n=block_n, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,
-                        persistent=persistent)
+def _gluon(block_m: int, block_n: int, stages: int, persistent: int, groups: int) -> TuningParams:
+    return TuningParams(block_m=block_m, block_n=block_n, num_warps=block_m // 16, num_stages=stages,
+                        loads="tma_host", gluon=groups, persistent=persistent)
 
 
-VARIANTS = {f"128x64 s{s} p{p}": _two_groups(64, s, p) for s in (3, 2) for p in (1, 2)}
+VARIANTS = {
+    "128x64 s3 p1 one": _gluon(128, 64, 3, 1, 1),
+    "128x64 s3 p2 one": _gluon(128, 64, 3, 2, 1),
+    "128x128 s2 p1 one": _gluon(128, 128, 2, 1, 1),
+    "128x64 s4 p1 two": _gluon(128, 64, 4, 1, 2),
+    "128x64 s3 p2 two": _gluon(128, 64, 3, 2, 2),
+    "128x128 s2 p1 two": _gluon(128, 128, 2, 1, 2),
+    "128x128 s3 p1 two": _gluon(128, 128, 3, 1, 2),
+    "64x64 s4 p2 one": _gluon(64, 64, 4, 2, 1),
+}
 
 
 def timed(case, q, k, v, problem, params):
@@ -55,12 +66,13 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp16")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--seqlens", default="512,1024,2048")
+    ap.add_argument("--masks", default="none,causal")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
     for dtype in args.dtypes.split(","):
         for d in map(int, args.head_dims.split(",")):
-            for causal in (False, True):
+            for causal in (m == "causal" for m in args.masks.split(",")):
                 for n in map(int, args.seqlens.split(",")):
                     case = Case(max(1, 16384 // n), 2048 // d, n, d, causal, dtype)
                     q, k, v = make_inputs(case, torch.device("cuda"))
