@@ -69,10 +69,13 @@ def main() -> None:
     ap.add_argument("--masks", default="none,causal")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    masks = args.masks.split(",")
+    if not set(masks) <= {"none", "causal"}:
+        ap.error(f"--masks: none and/or causal, not {args.masks!r}")
     rows = []
     for dtype in args.dtypes.split(","):
         for d in map(int, args.head_dims.split(",")):
-            for causal in (m == "causal" for m in args.masks.split(",")):
+            for causal in (m == "causal" for m in masks):
                 for n in map(int, args.seqlens.split(",")):
                     case = Case(max(1, 16384 // n), 2048 // d, n, d, causal, dtype)
                     q, k, v = make_inputs(case, torch.device("cuda"))
