@@ -196,7 +196,7 @@ _CHILD = textwrap.dedent(r"""
     import importlib.util, json, subprocess, sys, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
     from fa2gen.generator.arch import smem_estimate
-    from fa2gen.generator.spec import KernelSpec, gluon_overlap, gluon_wide
+    from fa2gen.generator.spec import KernelSpec, gluon_overlap, gluon_wide, unsupported
     from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
     import re
     # benchmarks/sass_loops.py's count of exponentials issued while a wgmma group is in flight
@@ -207,6 +207,8 @@ _CHILD = textwrap.dedent(r"""
     for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal"),
                  KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")):
         for params in GLUON_CANDIDATES + (GLUON_FP8_CANDIDATES if spec.fp8 else ()):
+            if unsupported(spec, params):  # three programs an SM: D=64 only
+                continue
             (name, kernel), = compiled_kernels(spec, params, "sm90")
             with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
                 report = assemble(kernel, "sm90", cubin.name, name=name)
@@ -232,12 +234,18 @@ _CHILD = textwrap.dedent(r"""
 # 1.05-1.12x the shipped configs all the same (perf-notes v54); with three stages it spills
 # 72 B (v62), 100 B with two Q slots (v69, faster all the same), none of it in the key loops
 # (benchmarks/sass_loops.py: no local loads there).
-SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 100}
+# Three programs an SM on 64 x 64 tiles, each compute warp group at 136 registers (an
+# 80-register launch): 32 B without a mask, read back once a tile, none in the key loops
+# (benchmarks/sass_loops.py), and ran 1.05-1.07x the two-program form there all the same
+# (perf-notes, "three programs an SM, each on an 80-register launch").
+SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 100,
+                 "m64 n64 w4 s3 tma_host persistent3 gluon1": 32}
 
 
 def test_compiles_for_sm90_without_spills():
     got = compiled_child(_CHILD, str(Path(__file__).parent.parent / "benchmarks" / "sass_loops.py"))
-    assert len(got) == 3 * len(GLUON_CANDIDATES) + len(GLUON_FP8_CANDIDATES)
+    at_d64 = [p for p in GLUON_CANDIDATES if p.persistent == 3]  # compiled for the D=64 spec alone
+    assert at_d64 and len(got) == 3 * len(GLUON_CANDIDATES) - 2 * len(at_d64) + len(GLUON_FP8_CANDIDATES)
     for k in got:
         # warp-specialised (registers moved between partitions), asynchronous wgmma with one
         # group left in flight (but on fp8's 256-key steps, whose matmuls take turns), nothing
@@ -262,12 +270,16 @@ def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
     space = space_for("sm90", "fwd")
     assert space.gluon == (0, 1, 2) and space_for("sm90", "bwd").gluon == (0, 1, 2)
     assert space_for("sm80", "fwd").gluon == (0,)
+    three = WS1.replace(persistent=3)  # three programs an SM: D=64 only
     long = Bucket.parse("fwd/fp16/d128/causal/sc0/g1/q4096/k4096/bh128")
-    assert gluon_candidates(space, long.kernel_spec(), long) == list(GLUON_CANDIDATES)
+    assert gluon_candidates(space, long.kernel_spec(), long) == [p for p in GLUON_CANDIDATES if p != three]
+    d64 = Bucket.parse("fwd/fp16/d64/causal/sc0/g1/q4096/k4096/bh128")
+    assert gluon_candidates(space, d64.kernel_spec(), d64) == list(GLUON_CANDIDATES)
     short = Bucket.parse("fwd/fp16/d128/none/sc0/g1/q64/k64/bh128")
     assert gluon_candidates(space, short.kernel_spec(), short) == [WS1, WS1.replace(persistent=2)]
     fp8 = Bucket.parse("fwd/fp8e4m3/d128/none/sc0/g1/q4096/k4096/bh128")
-    assert gluon_candidates(space, fp8.kernel_spec(), fp8) == list(GLUON_FP8_CANDIDATES + GLUON_CANDIDATES)
+    assert gluon_candidates(space, fp8.kernel_spec(), fp8) == [p for p in GLUON_FP8_CANDIDATES + GLUON_CANDIDATES
+                                                               if p != three]
     # the 256-key steps: one persistent program an SM at most (two do not fit, perf-notes v64)
     wide = GLUON_FP8_CANDIDATES[0]
     assert prune_reason(space, fp8.kernel_spec(), fp8, wide) is None
@@ -314,7 +326,16 @@ ODD = [
 ]
 
 
-@gluon_cases(GLUON_CANDIDATES, ODD, "the Gluon forward")
+# Three programs an SM (persistent=3) run at D=64 only: the odd shapes at D=64, and a GQA
+# causal shape, one without a mask and a long causal one with more tiles than programs.
+THREE = [p for p in GLUON_CANDIDATES if p.persistent == 3]
+ANY_D = [p for p in GLUON_CANDIDATES if p.persistent != 3]
+ODD64 = [c for c in ODD if c[0][5] == 64] + [((4, 16, 4, 512 + 33, 512 + 33, 64), True, "bhnd"),
+                                            ((8, 16, 16, 1024, 1024, 64), False, "bhnd"),
+                                            ((2, 8, 2, 4096 + 33, 4096 + 33, 64), True, "bnhd")]
+
+
+@gluon_cases(ANY_D, ODD, "the Gluon forward")
 def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
     from helpers import rand_qkv, run_and_check
 
@@ -328,9 +349,34 @@ def test_gluon_forward_on_odd_shapes(params, dtype, shape, causal, layout):
     assert verdict.ok, str(verdict)
 
 
+@gluon_cases(THREE + [p.replace(num_stages=2) for p in THREE], ODD64, "the Gluon forward")
+def test_three_programs_an_sm_on_odd_shapes(params, dtype, shape, causal, layout):
+    """The 64-row one-partition form with three programs an SM, each on an 80-register
+    launch (its compute warp group at 136): the same walks and queue as two programs, on a
+    grid of 3 x SMs."""
+    from helpers import rand_qkv, run_and_check
+
+    from fa2gen.generator.cache import load_module
+    from fa2gen.runtime.problem import make_problem
+
+    q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", layout=layout, seed=sum(shape) + params.num_stages)
+    assert load_module(make_problem(q, k, v, causal=causal).kernel_spec(), params).LAUNCH["maxnreg"] == 80
+    verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
+    assert verdict.ok, str(verdict)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
-@pytest.mark.parametrize("params", GLUON_CANDIDATES + GLUON_FP8_CANDIDATES, ids=lambda p: p.label())
+@pytest.mark.parametrize("params", THREE, ids=lambda p: p.label())
+@pytest.mark.parametrize("shape,causal,layout", ODD64, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD64])
+def test_three_programs_an_sm_fp8(params, shape, causal, layout):
+    """fp8 on three programs an SM, judged by the fp8 rule (docs/fp8.md)."""
+    test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
+@pytest.mark.parametrize("params", ANY_D + list(GLUON_FP8_CANDIDATES), ids=lambda p: p.label())
 @pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
 def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
     """e4m3 inputs with per-(batch, head) factors, judged by the fp8 rule (docs/fp8.md)."""
@@ -374,7 +420,7 @@ def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
 @pytest.mark.parametrize("params", [TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host",
                                                  gluon=2, persistent=2),
                                     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2,
-                                                 loads="tma_host", gluon=2, persistent=1)],
+                                                 loads="tma_host", gluon=2, persistent=1), *THREE],
                          ids=lambda p: p.label())
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("waves", [0, 1, 2], ids=["one-tile", "grid+1", "2grid+1"])
@@ -387,8 +433,9 @@ def test_persistent_programs_that_take_none_one_or_more_tiles(params, causal, wa
     from helpers import rand_qkv, run_and_check
 
     grid = params.persistent * torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = waves * grid + 1  # one query block a (batch, head): 77 rows
-    q, k, v = rand_qkv(tiles, 1, 1, 77, 77, 128, dtype=torch.float16, device="cuda", seed=tiles)
+    tiles = waves * grid + 1  # one query block a (batch, head): 77 rows, or 45 on 64-row tiles
+    rows, d = (77, 128) if params.block_m == 128 else (45, 64)  # three programs an SM: D=64 only
+    q, k, v = rand_qkv(tiles, 1, 1, rows, rows, d, dtype=torch.float16, device="cuda", seed=tiles)
     verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
     assert verdict.ok, str(verdict)
 

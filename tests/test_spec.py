@@ -108,8 +108,27 @@ def test_digest_covers_template_and_triton_version(monkeypatch):
 def test_persistent_knob():
     v = Variant(KernelSpec(), TuningParams(128, 64, 4, 3, "tma_host", persistent=2))
     assert "_persistent2_" in v.name and TuningParams(persistent=2).label().endswith(" persistent2")
-    for bad in (3, -1, True, 1.0):
+    for bad in (4, -1, True, 1.0):
         with pytest.raises(SpecError, match="persistent"):
             TuningParams(persistent=bad)
     assert "forward knob" in unsupported(KernelSpec(direction="bwd"), TuningParams(persistent=1))
     assert unsupported(KernelSpec(), TuningParams(persistent=1)) is None
+
+
+def test_three_programs_an_sm_are_the_64_row_gluon_forms_at_d64():
+    """persistent=3 launches the one-partition Gluon form with 80 registers a thread, which
+    is what lets three programs share an SM: nothing else takes it, and where three do not
+    fit in shared memory the arch rules it out."""
+    from fa2gen.generator.arch import fits
+
+    three = TuningParams(64, 64, 4, 3, "tma_host", persistent=3, gluon=1)
+    d64 = KernelSpec(head_dim=64, mask="causal")
+    assert unsupported(d64, three) is None and fits(d64, three, "sm90") is None
+    assert "64-row partition" in unsupported(d64, three.replace(gluon=0))  # the Triton template
+    assert "64-row partition" in unsupported(d64, three.replace(block_m=128, num_warps=8, gluon=2))
+    assert "head dim 64" in unsupported(KernelSpec(head_dim=128), three)
+    assert "head dim 64" in unsupported(KernelSpec(dtype="fp8e4m3", head_dim=128), three.replace(num_stages=2))
+    # 16-bit D=64: 16 KB of Q and 8 KB a K or V slot, so three stages fit three times, four do not
+    assert "three programs an SM" in fits(d64, three.replace(num_stages=4), "sm90")
+    assert fits(KernelSpec(dtype="fp8e4m3", head_dim=64), three.replace(num_stages=5), "sm90") is None
+    assert fits(d64, three.replace(num_stages=4, persistent=2), "sm90") is None  # two: not checked per SM

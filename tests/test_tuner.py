@@ -575,11 +575,13 @@ def test_persistent_grids_are_searched_on_sm90_forward_only():
     from fa2gen.tuner.space import prune_reason
 
     space = space_for("sm90")
-    assert space.persistent == (0, 1, 2)
+    assert space.persistent == (0, 1, 2, 3)
     assert space_for("sm90", "bwd").persistent == (0,) and space_for("sm80").persistent == (0,)
     default = bucket_default(B4K, "sm90")
     moves = local_moves(space, default)
-    assert {m.persistent for m in moves} == {0, 1, 2}
+    assert {m.persistent for m in moves} == {0, 1, 2, 3}
+    # three an SM: the 64-row one-partition Gluon form's alone (its launch's registers)
+    assert "64-row partition" in prune_reason(space, B4K.kernel_spec(), B4K, default.replace(persistent=3))
     # one program an SM: the Gluon forward's only (a Triton one halves occupancy), so that the
     # Triton default's persistent move that stands is two an SM
     assert "Triton" in prune_reason(space, B4K.kernel_spec(), B4K, default.replace(persistent=1))

@@ -1,11 +1,15 @@
 """Experiment: Gluon forward variants beside the shipped config and SDPA cuDNN (in bf16 for
 fp8 cells), on canonical-grid cells (B*N = 16k, H = 2048 / D). Each variant's output is poisoned
 with NaN, checked by flash-attention's rule, then timed (do_bench median, L2 flushed). VARIANTS
-holds what the current question needs: under the causal mask at N <= 1k, the 128-row tiles
-with all eight compute warps in one partition (one copy of the key loops in the kernel, where
-two partitions have one each) beside the two-partition and 64-row forms the tuner searches
-(perf-notes, "Profile (after v70)"). results/fwd-variants/ holds v54's run, of persistent
-programs on 128 x 128 tiles; results/fwd-variants-128x64/ the probe after v55.
+holds what the current question needs: how many persistent programs an SM the 64 x 64
+one-partition form runs at D=64 (perf-notes, "three programs an SM"). A variant may name its
+programs per SM apart from its params' ``persistent``: the grid is sized through ``Launch``'s
+SM count, which the template never reads (its tiles are walked by ``gl.num_programs``). It
+may also name the launch's registers a thread (the module's ``LAUNCH["maxnreg"]``, set for
+that variant's timing alone: Triton compiles a binary per value).
+results/fwd-variants/ holds v54's run, of persistent programs on 128 x 128 tiles;
+results/fwd-variants-128x64/ the probe after v55; results/fwd-variants-one-partition/ the
+probe of one partition of eight compute warps.
 
 usage: python benchmarks/experiments/fwd_variants.py [--dtypes fp16,bf16] [--head-dims 64,128]
                                                      [--seqlens 512,...] [--masks none,causal]
@@ -23,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fa2gen.bench.correctness import check_forward
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.bench.timing import measure
+from fa2gen.generator.cache import load_module
 from fa2gen.generator.spec import TuningParams, unsupported
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
@@ -34,22 +39,37 @@ def _gluon(block_m: int, block_n: int, stages: int, persistent: int, groups: int
                         loads="tma_host", gluon=groups, persistent=persistent)
 
 
+# name: (params, programs per SM or None for the params' own ``persistent``,
+#        launch registers a thread or None for the template's)
 VARIANTS = {
-    "128x64 s3 p1 one": _gluon(128, 64, 3, 1, 1),
-    "128x64 s3 p2 one": _gluon(128, 64, 3, 2, 1),
-    "128x128 s2 p1 one": _gluon(128, 128, 2, 1, 1),
-    "128x64 s4 p1 two": _gluon(128, 64, 4, 1, 2),
-    "128x64 s3 p2 two": _gluon(128, 64, 3, 2, 2),
-    "128x128 s2 p1 two": _gluon(128, 128, 2, 1, 2),
-    "128x128 s3 p1 two": _gluon(128, 128, 3, 1, 2),
-    "64x64 s4 p2 one": _gluon(64, 64, 4, 2, 1),
+    "64x64 s3 p2": (_gluon(64, 64, 3, 2, 1), None, None),
+    "64x64 s3 p3 r80": (_gluon(64, 64, 3, 2, 1), 3, 80),
+    "64x64 s2 p2": (_gluon(64, 64, 2, 2, 1), None, None),
+    "64x64 s2 p3 r80": (_gluon(64, 64, 2, 2, 1), 3, 80),
 }
 
 
-def timed(case, q, k, v, problem, params):
-    """(TFLOP/s, None) of ``params`` on the cell, or (None, why) where it fails or is wrong."""
+def timed(case, q, k, v, problem, params, programs=None, maxnreg=None):
+    """(TFLOP/s, None) of ``params`` on the cell, or (None, why) where it fails or is wrong.
+    ``programs``: persistent programs an SM, where not the params' own; ``maxnreg``: the
+    launch's registers a thread, where not the template's."""
+    module = load_module(problem.kernel_spec(), params) if maxnreg else None
+    saved = module.LAUNCH if module else None
+    if module:
+        module.LAUNCH = {**saved, "maxnreg": maxnreg}
     try:
-        launch = Launch(problem, params)
+        return _timed(case, q, k, v, problem, params, programs)
+    finally:
+        if module:
+            module.LAUNCH = saved
+
+
+def _timed(case, q, k, v, problem, params, programs):
+    try:
+        sms = cuda_device_info(q.device.index or 0).sm_count
+        if programs and (not params.persistent or sms * programs % params.persistent):
+            raise ValueError(f"{programs} programs an SM from persistent={params.persistent} on {sms} SMs")
+        launch = Launch(problem, params, sms * (programs or params.persistent or 1) // (params.persistent or 1))
         fp8 = problem.kernel_spec().fp8
         out = torch.full(q.shape, float("nan"), device=q.device, dtype=torch.bfloat16 if fp8 else q.dtype)
         out, lse = forward(q, k, v, problem, params, out=out, launch=launch)
@@ -83,9 +103,9 @@ def main() -> None:
                     shipped = select_params(problem, cuda_device_info(0))
                     row = {"case": case.label(), "shipped": shipped.label(), "tflops": {}, "notes": {}}
                     spec = problem.kernel_spec()
-                    for name, params in [("shipped", shipped), *VARIANTS.items()]:
+                    for name, (params, programs, regs) in [("shipped", (shipped, None, None)), *VARIANTS.items()]:
                         why = unsupported(spec, params)
-                        tf, why = (None, why) if why else timed(case, q, k, v, problem, params)
+                        tf, why = (None, why) if why else timed(case, q, k, v, problem, params, programs, regs)
                         row["tflops"][name] = tf
                         if why:
                             row["notes"][name] = why

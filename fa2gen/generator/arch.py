@@ -15,13 +15,17 @@ class ArchInfo:
     has_fp8: bool  # e4m3 tensor-core matmuls
     has_wgmma: bool = False  # Hopper's warp-group matmuls, which the Gluon forward issues
     max_warps: int = 16
+    smem_per_sm: int = 0  # an SM's shared memory, what its resident blocks share
 
+
+# Every resident block also takes 1 KB of an SM's shared memory for the system (sm80 and later).
+BLOCK_RESERVED_SMEM = 1024
 
 ARCHES: dict[str, ArchInfo] = {
-    "sm80": ArchInfo("sm80", 163 * 1024, False, False),
-    "sm86": ArchInfo("sm86", 99 * 1024, False, False),
-    "sm89": ArchInfo("sm89", 99 * 1024, False, True),
-    "sm90": ArchInfo("sm90", 227 * 1024, True, True, has_wgmma=True),
+    "sm80": ArchInfo("sm80", 163 * 1024, False, False, smem_per_sm=164 * 1024),
+    "sm86": ArchInfo("sm86", 99 * 1024, False, False, smem_per_sm=100 * 1024),
+    "sm89": ArchInfo("sm89", 99 * 1024, False, True, smem_per_sm=100 * 1024),
+    "sm90": ArchInfo("sm90", 227 * 1024, True, True, has_wgmma=True, smem_per_sm=228 * 1024),
 }
 
 
@@ -96,4 +100,9 @@ def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:
     need = smem_estimate(spec, params)
     if need > info.smem_bytes:
         return f"shared memory {need} B > {info.smem_bytes} B on {arch}"
+    # Three programs an SM is a launch sized for all three to be resident (its registers): a
+    # third that does not fit in shared memory runs as a second wave instead.
+    if params.persistent == 3 and 3 * (need + BLOCK_RESERVED_SMEM) > info.smem_per_sm:
+        return (f"three programs an SM need 3 x {need + BLOCK_RESERVED_SMEM} B of shared memory > "
+                f"{info.smem_per_sm} B on {arch}")
     return None

@@ -23,7 +23,7 @@ HEAD_DIMS = tuple(range(16, 257, 8))
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 NUM_WARPS = (1, 2, 4, 8, 16)
 NUM_STAGES = (1, 2, 3, 4, 5)
-PERSISTENT = (0, 1, 2)  # programs per SM of a persistent forward grid; 0: one program per tile
+PERSISTENT = (0, 1, 2, 3)  # programs per SM of a persistent forward grid; 0: one program per tile
 GLUON = (0, 1, 2)  # compute partitions of the Gluon forward; 0: the Triton template
 GLUON_HEAD_DIMS = (64, 128)
 GLUON_TILES = (64, 128)
@@ -121,8 +121,11 @@ class TuningParams:
         K over it, nothing computed twice, at the cost of a scratch of 2 * Nq * Nk bytes per
         query head (the backward runs in chunks of batches or heads that bound it).
     persistent (forward only): 0 launches one program per (query block, batch * head) tile;
-        1 or 2 launch that many programs per SM, each walking tiles in turn, the heaviest
-        causal tiles of every head first.
+        1, 2 or 3 launch that many programs per SM, each walking tiles in turn, the heaviest
+        causal tiles of every head first. 3 is the Gluon forward's one 64-row partition only
+        (gluon=1, block_m=64), launched with 80 registers a thread so that three programs
+        share an SM's registers; where their shared memory does not fit too, the arch rules
+        it out (``arch.fits``).
     gluon (sm90): 0 renders the Triton template. Forward: 1 or 2 render the Gluon
         template, a warp-specialised kernel: one loader warp streams K and V through the TMA
         into a ring of num_stages slots while the compute warps (block_m // 16, 16 query rows
@@ -208,6 +211,9 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "dq_mode is a backward knob; the forward takes the default 'separate'"
     if spec.direction == "bwd" and params.persistent:
         return "persistent is a forward knob; the backward takes the default 0"
+    if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
+        return ("persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "
+                "gives three programs an SM's registers")
     if params.dq_mode == "matmul" and (spec.direction != "bwd" or params.gluon != 1):
         return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
     if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
@@ -239,6 +245,10 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
         return "the Gluon forward runs block_m // 16 compute warps (16 query rows each)"
     if params.num_stages < 2:
         return "the Gluon forward's K/V ring needs num_stages >= 2"
+    # At D=128 ptxas cannot fit fp8's wgmma in the 80 registers of a three-program launch,
+    # and 16-bit Q, K and V leave shared memory for two programs an SM at most
+    if params.persistent == 3 and spec.head_dim != 64:
+        return "three Gluon programs an SM (persistent=3) run at head dim 64 only"
     return None
 
 

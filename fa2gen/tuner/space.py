@@ -65,7 +65,7 @@ SPACES = {
     # program walking half as many tiles, which under the causal mask on 128 x 64 tiles ran
     # ahead of one an SM (perf-notes, the probes after v55; three or four an SM fell behind).
     "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
-                        persistent=(0, 1, 2), gluon=(0, 1, 2)),
+                        persistent=(0, 1, 2, 3), gluon=(0, 1, 2)),
 }
 
 
@@ -192,7 +192,9 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
 # there has a slot fewer than V's, which lets one persistent program an SM keep three of V
 # (v62: 4% faster than the two-stage persistent form). One 64-row partition on 64 x 64 tiles, two
 # programs an SM on the queue, is for the short D=64 causal cells, where the Triton
-# template's tiles won at 0.83-0.90x cuDNN.
+# template's tiles won at 0.83-0.90x cuDNN; three programs an SM (its launch at 80 registers a
+# thread) ran those cells 1.08-1.12x faster than two on the H200 (perf-notes, "three programs
+# an SM, each on an 80-register launch"; D=64 only: at D=128 three do not fit).
 GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1),
@@ -202,6 +204,7 @@ GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=1),
     TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=2),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=3),
 )
 # fp8 only: 256-key steps on the plain grid, which ran fp8 D=128 1-3% faster than the shipped
 # forms without a mask from N=4k and 8-9% under the causal mask at N=16k, and 6-7% slower there
