@@ -47,7 +47,8 @@ def generate(
              "--block-m 128 --block-n 64 --num-warps 8), tma_reduce (needs --loads tma_host), or matmul "
              "(over the dS the Gluon dK/dV kernel stores; needs --gluon 1)")] = "separate",
     persistent: Annotated[int, typer.Option(
-        help="fwd only: 0 (one program per tile), or 1 or 2 programs per SM walking the tiles")] = 0,
+        help="fwd only: 0 (one program per tile), or 1, 2 or 3 programs per SM walking the tiles "
+             "(3: the one-partition Gluon form, --gluon 1 --block-m 64, at head dim 64)")] = 0,
     gluon: Annotated[int, typer.Option(
         help="sm90: 0 (the Triton template); fwd: 1 or 2 compute partitions of the warp-specialised "
              "Gluon forward (with --loads tma_host, --num-warps block_m/16); bwd: 1, the Gluon dK/dV "
