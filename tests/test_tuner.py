@@ -606,18 +606,21 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     """After a template change the bucket's old winner is measured first, and every sm90
     forward study measures the Gluon candidates its bucket can run."""
     from fa2gen.store.records import Entry, Measurement
-    from fa2gen.tuner.space import GLUON_CANDIDATES
+    from fa2gen.tuner.space import GLUON_CANDIDATES, gluon_candidates
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     old = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=4, loads="pointer")
     stale = Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210")
     db.put([Entry(validity=stale, bucket=B4K, params=old, measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
                   default_ms=1.2, trials=5)])
-    _, storage, _, _ = _tune(tmp_path, [B4K], trials=2 + len(GLUON_CANDIDATES))
+    # D=128: every candidate but three programs an SM (D=64 only)
+    runnable = gluon_candidates(space_for("sm90"), B4K.kernel_spec(), B4K)
+    assert len(runnable) == len(GLUON_CANDIDATES) - 1
+    _, storage, _, _ = _tune(tmp_path, [B4K], trials=2 + len(runnable))
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     assert first[0] == bucket_default(B4K, "sm90") and first[1] == old
-    assert set(GLUON_CANDIDATES) <= set(first[:2 + len(GLUON_CANDIDATES)])
+    assert set(runnable) <= set(first[:2 + len(runnable)])
 
 
 def test_the_stored_entry_competes_in_the_study_and_loses_to_a_faster_point(tmp_path):
