@@ -193,7 +193,7 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
 # (v62: 4% faster than the two-stage persistent form). One 64-row partition on 64 x 64 tiles, two
 # programs an SM on the queue, is for the short D=64 causal cells, where the Triton
 # template's tiles won at 0.83-0.90x cuDNN; three programs an SM (its launch at 80 registers a
-# thread) ran those cells 1.08-1.12x faster than two on the H200 (perf-notes, "three programs
+# thread) ran those cells 1.09-1.12x faster than two on the H200 (perf-notes, "three programs
 # an SM, each on an 80-register launch"; D=64 only: at D=128 three do not fit).
 GLUON_CANDIDATES = (
     TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
