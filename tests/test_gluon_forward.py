@@ -236,7 +236,7 @@ _CHILD = textwrap.dedent(r"""
 # (benchmarks/sass_loops.py: no local loads there).
 # Three programs an SM on 64 x 64 tiles, each compute warp group at 136 registers (an
 # 80-register launch): 32 B without a mask, read back once a tile, none in the key loops
-# (benchmarks/sass_loops.py), and ran 1.05-1.07x the two-program form there all the same
+# (benchmarks/sass_loops.py), and ran 1.05-1.08x the two-program form there all the same
 # (perf-notes, "three programs an SM, each on an 80-register launch").
 SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 100,
                  "m64 n64 w4 s3 tma_host persistent3 gluon1": 32}

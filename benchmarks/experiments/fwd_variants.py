@@ -66,10 +66,13 @@ def timed(case, q, k, v, problem, params, programs=None, maxnreg=None):
 
 def _timed(case, q, k, v, problem, params, programs):
     try:
-        sms = cuda_device_info(q.device.index or 0).sm_count
-        if programs and (not params.persistent or sms * programs % params.persistent):
-            raise ValueError(f"{programs} programs an SM from persistent={params.persistent} on {sms} SMs")
-        launch = Launch(problem, params, sms * (programs or params.persistent or 1) // (params.persistent or 1))
+        sm_count = None  # the device's: a grid of persistent x SMs
+        if programs:  # a grid of programs x SMs, given as persistent x that many "SMs"
+            sms = cuda_device_info(q.device.index or 0).sm_count
+            if not params.persistent or sms * programs % params.persistent:
+                raise ValueError(f"{programs} programs an SM from persistent={params.persistent} on {sms} SMs")
+            sm_count = sms * programs // params.persistent
+        launch = Launch(problem, params, sm_count)
         fp8 = problem.kernel_spec().fp8
         out = torch.full(q.shape, float("nan"), device=q.device, dtype=torch.bfloat16 if fp8 else q.dtype)
         out, lse = forward(q, k, v, problem, params, out=out, launch=launch)
