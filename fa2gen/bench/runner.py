@@ -60,6 +60,51 @@ def warm_gpu(ms: float = 100.0) -> None:
         torch.cuda.synchronize()
 
 
+ROUNDS = 4  # timing windows per provider and cell (time_in_rounds)
+
+
+def _window(fn) -> list[float]:
+    """One do_bench window: every run's time (ms), L2 flushed before each."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=50, return_mode="all")
+
+
+def time_in_rounds(calls: dict, window, rounds: int = ROUNDS) -> dict:
+    """[p20, median, p80] ms per provider from ``rounds`` windows each, or why it failed.
+
+    The providers take turns, the order reversed every other round, so that each provider's
+    windows sit at the same average place in the cell: the GPU's clocks drift by 5-15% over
+    seconds, and with one window per provider a slow stretch decided a cell for whichever
+    provider it fell on (perf-notes, "The bench timed in rounds"). ``window(fn)`` returns a
+    window's run times; the bench passes ``_window`` (do_bench), CPU tests a stand-in that
+    records the order.
+    """
+    if type(rounds) is not int or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    failed: dict[str, str] = {}
+    order = list(calls)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            if name in failed:
+                continue
+            try:
+                samples[name] += window(calls[name])
+            except Exception as e:  # a provider that fails while timed is reported, not fatal
+                failed[name] = _why(e)
+    return {name: failed.get(name) or _quantiles(samples[name]) for name in calls}
+
+
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
+def _quantiles(times: list[float]) -> list[float]:
+    t = torch.tensor(times, dtype=torch.float64)
+    return [float(x) for x in torch.quantile(t, torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))]
+
+
 def timed_call(forward_fn, mode: str, inputs, dout):
     """What to time for ``mode``: the forward; the backward alone, through a graph kept by
     one forward; or both. Each returns the tensors compared across providers."""
@@ -96,7 +141,7 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
     # e4m3 values are exact in bf16: providers without fp8 run on the same values
     wide = tuple(t.to(torch.bfloat16) for t in (q, k, v)) if fp8 else (q, k, v)
     result = Result(case, mode)
-    outputs = {}
+    outputs, calls = {}, {}
     for name in providers:
         prov = PROVIDERS[name]
         why = prov.unavailable(case, device)
@@ -106,23 +151,25 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
         try:
             inputs = (q, k, v) if prov.takes_fp8 else wide
             fn = timed_call(prov.build(case, *inputs), mode, inputs, dout)
-            out = fn()
+            outputs[name] = fn()
             if device.type == "cuda":
                 torch.cuda.synchronize()
-                from .timing import measure
-
-                warm_gpu()
-                t = measure(fn)
-                result.ms[name] = [t.p20_ms, t.median_ms, t.p80_ms]
+                calls[name] = fn
             else:
                 result.ms[name] = _time_cpu(fn)
-            result.tflops[name] = MODES[mode] * case.flops() / (result.ms[name][1] * 1e-3) / 1e12
-            outputs[name] = out
         except Exception as e:  # a backend that refuses a shape is reported, not fatal
-            result.skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-        finally:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            result.skipped[name] = _why(e)
+    if calls:
+        warm_gpu()
+        for name, ms in time_in_rounds(calls, _window).items():
+            if isinstance(ms, str):
+                result.skipped[name] = ms
+                outputs.pop(name, None)
+            else:
+                result.ms[name] = ms
+        torch.cuda.empty_cache()
+    for name, ms in result.ms.items():
+        result.tflops[name] = MODES[mode] * case.flops() / (ms[1] * 1e-3) / 1e12
     ref = outputs.get("fa2gen")
     if ref is not None:
         if _has_nan(ref):
