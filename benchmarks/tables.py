@@ -17,6 +17,10 @@ from fa2gen.bench.runner import geomean
 ANCHORS = Path(__file__).parent / "anchors" / "h200-fwd-fp16.json"
 
 
+# what a run recorded without a "timing" field did (fa2gen.bench.runner before the rounds)
+ONE_WINDOW = "one do_bench window per provider, after 100 ms of matmuls"
+
+
 def anchor_section(results, provider: str) -> str:
     """``provider`` against the Triton tutorial's reference figures, raw and cuDNN-bridged."""
     anchors = json.loads(ANCHORS.read_text())
@@ -104,7 +108,9 @@ def bench_section(path: str) -> None:
     modes = sorted({r.mode for r in results})
     title = " / ".join(MODE_TITLES.get(m, m) for m in modes)
     print(f"## {title}: {', '.join(dtypes)} on {env['device']} ({env['date'][:10]})\n")
-    print(f"torch {env['torch']}, triton {env['triton']}, fa2gen {env['fa2gen']}. Source: `{path}`.\n")
+    timing = env.get("timing", ONE_WINDOW)
+    print(f"torch {env['torch']}, triton {env['triton']}, fa2gen {env['fa2gen']}. Timing: {timing}. "
+          f"Source: `{path}`.\n")
     print(markdown(results, providers))
     print()
     print("\n".join(_comparisons(results, providers)))

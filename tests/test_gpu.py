@@ -95,9 +95,14 @@ def test_bench_cli_on_gpu(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
+    from fa2gen.bench.runner import TIMING
+
+    assert data["environment"]["timing"] == TIMING
     for row in data["results"]:
         assert {"fa2gen", "sdpa-cudnn", "sdpa-flash", "flex"} <= set(row["tflops"]), row["skipped"]
         assert row["max_diff_vs_fa2gen"]["sdpa-flash"] < 2e-2
+        for name, (p20, median, p80) in row["ms"].items():
+            assert 0 < p20 <= median <= p80, (name, row["ms"][name])
 
 
 def test_tune_on_gpu_stores_a_correct_winner(tmp_path):

@@ -61,12 +61,19 @@ def warm_gpu(ms: float = 100.0) -> None:
 
 
 ROUNDS = 4  # timing windows per provider and cell (time_in_rounds)
+# How a GPU run timed its providers, recorded with its results (tables written from runs
+# without it timed one window per provider, after the same warm-up)
+TIMING = (f"{ROUNDS} do_bench windows per provider, each after the same 100 ms of matmuls, "
+          "the providers' order reversed every other round; percentiles over all runs")
 
 
 def _window(fn) -> list[float]:
-    """One do_bench window: every run's time (ms), L2 flushed before each."""
+    """One do_bench window: every run's time (ms), L2 flushed before each. The GPU is warmed
+    first, so that every window starts from the same state of its clocks, whichever provider
+    ran before it."""
     from triton.testing import do_bench
 
+    warm_gpu()
     return do_bench(fn, warmup=10, rep=50, return_mode="all")
 
 
@@ -160,7 +167,6 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
         except Exception as e:  # a backend that refuses a shape is reported, not fatal
             result.skipped[name] = _why(e)
     if calls:
-        warm_gpu()
         for name, ms in time_in_rounds(calls, _window).items():
             if isinstance(ms, str):
                 result.skipped[name] = ms
@@ -201,5 +207,6 @@ def environment(device: torch.device) -> dict:
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count)
+        env.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
+                   timing=TIMING)
     return env
