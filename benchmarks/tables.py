@@ -17,7 +17,7 @@ from fa2gen.bench.runner import geomean
 ANCHORS = Path(__file__).parent / "anchors" / "h200-fwd-fp16.json"
 
 
-# what a run recorded without a "timing" field did (fa2gen.bench.runner before the rounds)
+# what a run recorded without a "timing" field did (fa2gen.bench.timing before the rounds)
 ONE_WINDOW = "one do_bench window per provider, after 100 ms of matmuls"
 
 

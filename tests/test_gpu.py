@@ -95,7 +95,7 @@ def test_bench_cli_on_gpu(tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
-    from fa2gen.bench.runner import TIMING
+    from fa2gen.bench.timing import TIMING
 
     assert data["environment"]["timing"] == TIMING
     for row in data["results"]:

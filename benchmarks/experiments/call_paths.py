@@ -22,8 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa2gen
 from fa2gen.bench.grid import Case, make_inputs
-from fa2gen.bench.runner import run_case, warm_gpu
-from fa2gen.bench.timing import graph_replay, measure
+from fa2gen.bench.runner import run_case
+from fa2gen.bench.timing import graph_replay, measure, warm_gpu
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import Launch, forward

@@ -11,6 +11,7 @@ import torch
 
 from .grid import Case, make_inputs
 from .providers import PROVIDERS
+from .timing import TIMING, time_in_rounds, warm_window
 
 
 MODES = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FLOPs relative to the forward pass
@@ -44,72 +45,8 @@ def _time_cpu(fn, reps: int = 3) -> list[float]:
     return [samples[0], samples[len(samples) // 2], samples[-1]]
 
 
-def warm_gpu(ms: float = 100.0) -> None:
-    """Keep the GPU busy for ``ms`` so that every provider is timed at working clocks.
-
-    Without it the first provider after a long host-side pause (FlexAttention's
-    compile) is timed while the clocks ramp up, which biases short cells.
-    """
-    import time
-
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-    end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize()
-
-
-ROUNDS = 4  # timing windows per provider and cell (time_in_rounds)
-# How a GPU run timed its providers, recorded with its results (tables written from runs
-# without it timed one window per provider, after the same warm-up)
-TIMING = (f"{ROUNDS} do_bench windows per provider, each after the same 100 ms of matmuls, "
-          "the providers' order reversed every other round; percentiles over all runs")
-
-
-def _window(fn) -> list[float]:
-    """One do_bench window: every run's time (ms), L2 flushed before each. The GPU is warmed
-    first, so that every window starts from the same state of its clocks, whichever provider
-    ran before it."""
-    from triton.testing import do_bench
-
-    warm_gpu()
-    return do_bench(fn, warmup=10, rep=50, return_mode="all")
-
-
-def time_in_rounds(calls: dict, window, rounds: int = ROUNDS) -> dict:
-    """[p20, median, p80] ms per provider from ``rounds`` windows each, or why it failed.
-
-    The providers take turns, the order reversed every other round, so that each provider's
-    windows sit at the same average place in the cell: the GPU's clocks drift by 5-15% over
-    seconds, and with one window per provider a slow stretch decided a cell for whichever
-    provider it fell on (perf-notes, "The bench timed in rounds"). ``window(fn)`` returns a
-    window's run times; the bench passes ``_window`` (do_bench), CPU tests a stand-in that
-    records the order.
-    """
-    if type(rounds) is not int or rounds < 1:
-        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    failed: dict[str, str] = {}
-    order = list(calls)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            if name in failed:
-                continue
-            try:
-                samples[name] += window(calls[name])
-            except Exception as e:  # a provider that fails while timed is reported, not fatal
-                failed[name] = _why(e)
-    return {name: failed.get(name) or _quantiles(samples[name]) for name in calls}
-
-
 def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-
-
-def _quantiles(times: list[float]) -> list[float]:
-    t = torch.tensor(times, dtype=torch.float64)
-    return [float(x) for x in torch.quantile(t, torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))]
 
 
 def timed_call(forward_fn, mode: str, inputs, dout):
@@ -167,9 +104,9 @@ def run_case(case: Case, providers: list[str], device: torch.device, *, seed: in
         except Exception as e:  # a backend that refuses a shape is reported, not fatal
             result.skipped[name] = _why(e)
     if calls:
-        for name, ms in time_in_rounds(calls, _window).items():
-            if isinstance(ms, str):
-                result.skipped[name] = ms
+        for name, ms in time_in_rounds(calls, warm_window).items():
+            if isinstance(ms, Exception):
+                result.skipped[name] = _why(ms)
                 outputs.pop(name, None)
             else:
                 result.ms[name] = ms
