@@ -57,3 +57,9 @@ def test_a_provider_that_fails_while_timed_is_reported_and_the_others_still_time
 def test_rounds_must_be_a_positive_int(rounds):
     with pytest.raises(ValueError, match="rounds"):
         time_in_rounds(calls("a"), Windows({"a": [1.0]}), rounds=rounds)
+
+
+def test_a_failure_is_reported_by_its_type_and_first_line():
+    from fa2gen.bench.runner import _why
+
+    assert _why(RuntimeError("a refused\nsecond line")) == "RuntimeError: a refused"
