@@ -1,7 +1,7 @@
 """Probe: how the warm-up before each timing window moves fp8's and bf16's numbers.
 
-The bench times each provider in rounds, each window after 100 ms of fp16 matmuls
-(fa2gen.bench.timing.warm_window). The first full run of the tables under it read the fp8
+The bench timed each provider in rounds, each window after 100 ms of fp16 matmuls
+(fa2gen.bench.timing.warm_gpu; since this probe, after the provider's own calls). The first full run of the tables under it read the fp8
 forward 7-13% slower than the one-window tables, bf16 and cuDNN 3-5% (perf-notes, "The
 tables timed in rounds"). This times the same cells three ways, each in rounds in one run:
 - gemm: the bench's window (100 ms of fp16 matmuls, then do_bench 10 ms warm-up, 50 ms);
@@ -17,23 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from fa2gen.bench.grid import Case, make_inputs
 from fa2gen.bench.providers import PROVIDERS
-from fa2gen.bench.timing import time_in_rounds, warm_window
+from fa2gen.bench.timing import time_in_rounds, warm_gpu, warm_window
 
 
-def own_window(fn) -> list[float]:
+def gemm_window(fn) -> list[float]:
     from triton.testing import do_bench
 
-    end = time.perf_counter() + 0.1
-    while time.perf_counter() < end:
-        for _ in range(4):
-            fn()
-        torch.cuda.synchronize()
+    warm_gpu()
     return do_bench(fn, warmup=10, rep=50, return_mode="all")
 
 
@@ -43,7 +38,7 @@ def long_window(fn) -> list[float]:
     return do_bench(fn, warmup=25, rep=100, return_mode="all")
 
 
-WINDOWS = {"gemm": warm_window, "own": own_window, "long": long_window}
+WINDOWS = {"gemm": gemm_window, "own": warm_window, "long": long_window}
 
 
 def main() -> None:

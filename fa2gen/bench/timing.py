@@ -44,17 +44,32 @@ def warm_gpu(ms: float = 100.0) -> None:
 ROUNDS = 4  # timing windows per provider and cell (time_in_rounds)
 # How a GPU run timed its providers, recorded with its results (tables written from runs
 # without it timed one window per provider, after the same warm-up)
-TIMING = (f"{ROUNDS} do_bench windows per provider, each after the same 100 ms of matmuls, "
+TIMING = (f"{ROUNDS} do_bench windows per provider, each after 100 ms of that provider's own calls, "
           "the providers' order reversed every other round; percentiles over all runs")
 
 
+def warm_with(fn, ms: float = 100.0) -> None:
+    """Run ``fn`` for ``ms``, so that the GPU's clocks settle where ``fn``'s own load holds them."""
+    import time
+
+    import torch
+
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        for _ in range(4):
+            fn()
+        torch.cuda.synchronize()
+
+
 def warm_window(fn) -> list[float]:
-    """One do_bench window: every run's time (ms), L2 flushed before each. The GPU is warmed
-    first, so that every window starts from the same state of its clocks, whichever provider
-    ran before it."""
+    """One do_bench window: every run's time (ms), L2 flushed before each, after 100 ms of
+    ``fn``'s own calls. Each provider is timed at the clocks its own load settles at,
+    whatever ran before it. A warm-up by a foreign load (fp16 matmuls) left the window at that
+    load's clocks: under the power limit the fp8 forward then read 10-11% slower, cuDNN's
+    causal cells up to 15% (perf-notes, "Probe: the window's warm-up")."""
     from triton.testing import do_bench
 
-    warm_gpu()
+    warm_with(fn)
     return do_bench(fn, warmup=10, rep=50, return_mode="all")
 
 
