@@ -65,8 +65,8 @@ def warm_window(fn) -> list[float]:
     """One do_bench window: every run's time (ms), L2 flushed before each, after 100 ms of
     ``fn``'s own calls. Each provider is timed at the clocks its own load settles at,
     whatever ran before it. A warm-up by a foreign load (fp16 matmuls) left the window at that
-    load's clocks: under the power limit the fp8 forward then read 10-11% slower, cuDNN's
-    causal cells up to 15% (perf-notes, "Probe: the window's warm-up")."""
+    load's clocks: under the power limit the fp8 forward then read 10-18% slower, cuDNN
+    3-15% (perf-notes, "Probe: the window's warm-up")."""
     from triton.testing import do_bench
 
     warm_with(fn)
