@@ -1,11 +1,13 @@
 """Probe: how the warm-up before each timing window moves fp8's and bf16's numbers.
 
 The bench timed each provider in rounds, each window after 100 ms of fp16 matmuls
-(fa2gen.bench.timing.warm_gpu; since this probe, after the provider's own calls). The first full run of the tables under it read the fp8
-forward 7-13% slower than the one-window tables, bf16 and cuDNN 3-5% (perf-notes, "The
-tables timed in rounds"). This times the same cells three ways, each in rounds in one run:
-- gemm: the bench's window (100 ms of fp16 matmuls, then do_bench 10 ms warm-up, 50 ms);
-- own: 100 ms of the provider's own calls, then the same do_bench window;
+(fa2gen.bench.timing.warm_gpu; since this probe, after the provider's own calls). The first
+full run of the tables that way read the fp8 forward 7-13% slower than the one-window tables,
+fa2gen's bf16 3-4% and cuDNN 5-8% (perf-notes, "Every table timed in rounds, each window after
+100 ms of matmuls"). This times the same cells three ways, each in rounds in one run:
+- gemm: 100 ms of fp16 matmuls, then do_bench's 10 ms warm-up and 50 ms window (the bench's
+  window before this probe);
+- own: 100 ms of the provider's own calls, then the same do_bench window (the bench's since);
 - long: do_bench's 25 ms warm-up and 100 ms of runs, nothing before (the one-window
   method's window, here taken in rounds).
 Providers: fa2gen on fp8, fa2gen on the same values in bf16, SDPA cuDNN in bf16.

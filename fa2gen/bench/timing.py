@@ -24,21 +24,16 @@ def measure(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> Timing:
 
 
 def warm_gpu(ms: float = 100.0) -> None:
-    """Keep the GPU busy for ``ms`` so that every provider is timed at working clocks.
+    """Keep the GPU busy with fp16 matmuls for ``ms`` (the A/B scripts' warm-up; the bench
+    warms each window with the timed provider's own calls instead, ``warm_window``).
 
     Without it the first provider after a long host-side pause (FlexAttention's
     compile) is timed while the clocks ramp up, which biases short cells.
     """
-    import time
-
     import torch
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-    end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        for _ in range(10):
-            a @ a
-        torch.cuda.synchronize()
+    warm_with(lambda: a @ a, ms)
 
 
 ROUNDS = 4  # timing windows per provider and cell (time_in_rounds)
