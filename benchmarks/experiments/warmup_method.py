@@ -3,7 +3,7 @@
 The bench timed each provider in rounds, each window after 100 ms of fp16 matmuls
 (fa2gen.bench.timing.warm_gpu; since this probe, after the provider's own calls). The first
 full run of the tables that way read the fp8 forward 7-13% slower than the one-window tables,
-fa2gen's bf16 3-4% and cuDNN 5-8% (perf-notes, "Every table timed in rounds, each window after
+fa2gen's bf16 4-5% and cuDNN 5-8% (perf-notes, "Every table timed in rounds, each window after
 100 ms of matmuls"). This times the same cells three ways, each in rounds in one run:
 - gemm: 100 ms of fp16 matmuls, then do_bench's 10 ms warm-up and 50 ms window (the bench's
   window before this probe);
