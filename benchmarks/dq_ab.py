@@ -19,8 +19,7 @@ import math
 import torch
 
 from fa2gen.bench.grid import canonical_grid, make_inputs
-from fa2gen.bench.timing import warm_gpu
-from fa2gen.bench.timing import measure
+from fa2gen.bench.timing import measure, warm_gpu
 from fa2gen.generator.arch import fits
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.backward import backward

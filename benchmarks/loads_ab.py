@@ -15,8 +15,7 @@ import sys
 import torch
 
 from fa2gen.bench.grid import canonical_grid, make_inputs, Case
-from fa2gen.bench.timing import warm_gpu
-from fa2gen.bench.timing import measure
+from fa2gen.bench.timing import measure, warm_gpu
 from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.device import cuda_device_info
 from fa2gen.runtime.dispatch import select_params

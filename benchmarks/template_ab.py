@@ -76,8 +76,7 @@ def worker(template: str, plan_path: str, out_path: str) -> None:
     import torch
 
     from fa2gen.bench.grid import Case, make_inputs
-    from fa2gen.bench.timing import warm_gpu
-    from fa2gen.bench.timing import measure
+    from fa2gen.bench.timing import measure, warm_gpu
     from fa2gen.generator.rendering import template_hash
     from fa2gen.generator.spec import TuningParams
     from fa2gen.runtime.backward import backward

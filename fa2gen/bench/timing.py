@@ -23,6 +23,19 @@ def measure(fn, *, warmup_ms: int = 25, rep_ms: int = 100) -> Timing:
     return Timing(median_ms=median, p20_ms=p20, p80_ms=p80)
 
 
+def warm_with(fn, ms: float = 100.0) -> None:
+    """Run ``fn`` for ``ms``, so that the GPU's clocks settle where ``fn``'s own load holds them."""
+    import time
+
+    import torch
+
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        for _ in range(4):
+            fn()
+        torch.cuda.synchronize()
+
+
 def warm_gpu(ms: float = 100.0) -> None:
     """Keep the GPU busy with fp16 matmuls for ``ms`` (the A/B scripts' warm-up; the bench
     warms each window with the timed provider's own calls instead, ``warm_window``).
@@ -37,23 +50,10 @@ def warm_gpu(ms: float = 100.0) -> None:
 
 
 ROUNDS = 4  # timing windows per provider and cell (time_in_rounds)
-# How a GPU run timed its providers, recorded with its results (tables written from runs
-# without it timed one window per provider, after the same warm-up)
+# How a GPU run timed its providers, recorded with its results (runs without it timed one
+# window per provider, each after 100 ms of fp16 matmuls)
 TIMING = (f"{ROUNDS} do_bench windows per provider, each after 100 ms of that provider's own calls, "
           "the providers' order reversed every other round; percentiles over all runs")
-
-
-def warm_with(fn, ms: float = 100.0) -> None:
-    """Run ``fn`` for ``ms``, so that the GPU's clocks settle where ``fn``'s own load holds them."""
-    import time
-
-    import torch
-
-    end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        for _ in range(4):
-            fn()
-        torch.cuda.synchronize()
 
 
 def warm_window(fn) -> list[float]:
