@@ -64,25 +64,6 @@ def test_nothing_is_kept_where_it_cannot_be_or_is_not_enabled(monkeypatch, enabl
     assert kept == ({"k": False} if enabled else {})
 
 
-def test_triton_launch_hooks_count_as_set_only_when_something_is_in_them(monkeypatch):
-    # Triton 3.6's hooks are chains that are never None: an empty chain must not stop direct
-    # launches (it did, on the first GPU run); a profiler's hook in it, or in its place, must.
-    from triton import knobs
-    from triton.knobs import HookChain
-
-    enter, leave = HookChain(), HookChain(reversed=True)
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", enter)
-    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", leave)
-    assert not direct._hooked(knobs)
-    leave.add(print)
-    assert direct._hooked(knobs)
-    leave.remove(print)
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)  # how older Tritons say "none"
-    assert not direct._hooked(knobs)
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", print)  # a hook set in the chain's place
-    assert direct._hooked(knobs)
-
-
 def test_direct_launches_are_the_default_and_an_env_var_turns_them_off(monkeypatch):
     import importlib
 

@@ -120,7 +120,7 @@ def test_interpreter_rounds_to_e4m3_as_the_gpu_does():
     import triton
     import triton.language as tl
 
-    from fa2gen.runtime.interpreter import patch_interpreter
+    from fa2gen.compat import patch_interpreter
 
     @triton.jit
     def convert(X, Y, N: tl.constexpr):

@@ -60,7 +60,7 @@ def test_the_one_pass_renders_one_dkdv_kernel_that_takes_the_fp32_sums(head_dim)
     kernel = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attn_bwd_dkdv")
     assert [a.arg for a in kernel.args.args][:9] == ["Q", "K", "V", "DO", "DK", "DV", "DQACC", "LSE", "DELTA"]
     assert 'LAUNCH = {"num_warps": 4, "maxnreg": 168}' in src
-    assert "_tma_reduce_add(DQACC" in src and "atomic_add" not in src  # dQ's adds: the TMA's reductions
+    assert "tma_add(DQACC" in src and "atomic_add" not in src  # dQ's adds: the TMA's reductions
 
 
 @pytest.mark.parametrize("gluon,kernels", [(1, ["attn_bwd_dkdv"]), (2, ["attn_bwd_dkdv", "attn_bwd_dq"])])

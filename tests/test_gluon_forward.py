@@ -176,7 +176,7 @@ def test_a_persistent_program_keeps_two_q_slots_and_the_estimate_counts_them():
             src = render(spec, params, name="x")
             two = "[2 * GROUPS] + Q.block_type.shape" in src
             assert two == bool(persistent) and ("q_ready = _barriers(2, 1)" in src) == two, (dtype, persistent)
-            assert ("tma.async_copy_shared_to_global(O, [b, h, row0, 0], q_buf)" in src) == (two and dtype == "bf16")
+            assert ("tma_store(O, [b, h, row0, 0], q_buf)" in src) == (two and dtype == "bf16")
             q = 128 * 128 * spec.element_bytes
             kv = 2 * 2 * 128 * 128 * spec.element_bytes
             o = 128 * 128 * 2 if spec.fp8 else 0

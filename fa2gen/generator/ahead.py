@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from .. import compat
 from .cache import interpreting, load_module
 from .spec import PASS_WARPS, KernelSpec, TuningParams, pass_rows, triton_part
 
@@ -130,10 +131,6 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90",
     named in ``skip`` are not compiled."""
     if interpreting():
         raise RuntimeError("compiling ahead needs compiled Triton: unset TRITON_INTERPRET")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     if params.gluon:
         gluon_kernels = _gluon_kernels(spec, params)
         if spec.direction == "bwd":  # the kernels the Triton template writes (triton_part)
@@ -152,24 +149,16 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90",
         options = ({"num_warps": PASS_WARPS, "num_stages": 1} if name in PASS_KERNELS
                    else {"num_warps": params.num_warps, "num_stages": params.num_stages})
         signature = _signature(fn, constexprs, spec, params)
-        source = ASTSource(fn, signature=signature, constexprs=constexprs, attrs=_attrs(fn, signature, spec))
-        yield name, triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
+        yield name, compat.compile_triton(fn, signature, constexprs, _attrs(fn, signature, spec), arch, options)
 
 
 def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, kernel: str):
     # The launch options (warps of the default partition, register limit) are the module's.
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     fn = getattr(module, kernel)
     constexprs, signature = gluon_signature(module, spec, params, kernel)
-    keys = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR", "TILES")
+    attrs = {name: [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR", "TILES")
              if name in fn.arg_names}  # (pointers only: the one pass's DQACC is a descriptor)
-    source = GluonASTSource(fn, signature, keys, attrs)
-    options = dict(module.LAUNCH)
-    return triton.compile(source, target=GPUTarget("cuda", int(arch.removeprefix("sm")), 32), options=options)
+    return compat.compile_gluon(fn, signature, constexprs, attrs, arch, dict(module.LAUNCH))
 
 
 def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str) -> tuple[dict, dict]:
@@ -204,23 +193,19 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
     return constexprs, signature
 
 
-def nvidia_tool(name: str) -> str:
-    """Path of a tool Triton bundles (ptxas, nvdisasm)."""
-    import triton
-
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+nvidia_tool = compat.nvidia_tool
 
 
 def assemble(kernel, arch: str, cubin: str = os.devnull, *, name: str = "kernel") -> str:
-    """Assemble a compiled kernel's PTX with the bundled ptxas (into ``cubin``); returns
-    ptxas's verbose report. Raises if ptxas fails."""
+    """Assemble a compiled kernel's PTX with the ptxas Triton itself would use for ``arch``
+    (into ``cubin``); returns ptxas's verbose report. Raises if ptxas fails."""
     cc = int(arch.removeprefix("sm"))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{name}.ptx")
         with open(path, "w") as f:
             f.write(kernel.asm["ptx"])
         gpu = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
-        done = subprocess.run([nvidia_tool("ptxas"), "-v", f"--gpu-name={gpu}", path, "-o", cubin],
+        done = subprocess.run([compat.ptxas(arch), "-v", f"--gpu-name={gpu}", path, "-o", cubin],
                               capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"ptxas failed on {name}: {done.stderr.strip()[:300]}")

@@ -23,10 +23,9 @@ def descriptor_dtype(spec, name: str) -> str:
 def _layout(block: tuple[int, ...], dtype: str):
     # Built once per box: Gluon derives it through its JIT path, about 25 us each, which a
     # launch building six descriptors would otherwise pay on every call. Layouts are frozen.
-    from triton.experimental.gluon import language as gl
+    from .. import compat
 
-    element = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp8e4m3": gl.float8e4nv, "fp32": gl.float32}[dtype]
-    return gl.NVMMASharedLayout.get_default_for(list(block), element)
+    return compat.nvmma_layout(block, dtype)
 
 
 def descriptor_boxes(spec, params) -> tuple[list[int], ...]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import compat
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows, triton_part
 from . import direct
-from .interpreter import patch_interpreter
 from .launch import (GRID_Y_MAX, GluonDevices, effective_params, gluon_descriptor, host_descriptor,
                      tma_compatible, window_extents)
 from .problem import Problem, _check_tensor
@@ -150,7 +150,7 @@ class BackwardLaunch:
     def _load(self):
         if self.modules is None:
             if interpreting():
-                patch_interpreter()
+                compat.patch_interpreter()
             modules = (load_module(self.spec, self.params),)
             if self.gluon is not None:
                 modules += (load_module(self.spec, self.gluon),)

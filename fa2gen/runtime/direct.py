@@ -19,6 +19,9 @@ import os
 
 import torch
 
+from .. import compat
+
+
 def _enabled() -> bool:
     value = os.environ.get("FA2GEN_DIRECT_LAUNCH", "1")
     if value not in ("0", "1", ""):
@@ -38,11 +41,10 @@ def signature(args) -> tuple:
 
 
 class DirectKernel:
-    """One compiled kernel of a kept launch, with its grid and the constexpr arguments that
-    follow the positional ones, and the signature of the call it was kept from."""
+    """One compiled kernel of a kept launch, with its grid, and the signature of the call it
+    was kept from."""
 
-    __slots__ = ("device", "grid", "signature", "tail", "run", "function", "metadata", "modes", "hooks", "_driver",
-                 "_knobs")
+    __slots__ = ("grid", "signature", "launcher", "modes", "hooks")
 
     @classmethod
     def keep(cls, kernel, grid, args, options) -> "DirectKernel | None":
@@ -54,56 +56,32 @@ class DirectKernel:
         if interpreting():  # the interpreter's kernels run Python: nothing to skip
             return None
         try:
-            from triton import knobs
-            from triton.runtime.driver import driver
-
-            if _hooked(knobs) or kernel.pre_run_hooks:
+            if compat.launch_hooked() or compat.pre_run_hooks(kernel):
                 return None
-            device = driver.active.get_current_device()
-            compiled = kernel.warmup(*args, grid=grid, **options)  # the kernel the launch ran
-            binder = kernel.device_caches[device][4]
-            values = tuple(binder(*args, **options)[0].values())
-            run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-        except Exception:  # noqa: BLE001 - no such pieces (the interpreter, another Triton, no kernel)
+        except Exception:  # noqa: BLE001 - a Triton without these pieces
             return None
-        if len(values) < len(args) or any(a is not b for a, b in zip(values, args)):
-            return None  # positional arguments that are not the kernel's leading parameters
+        launcher = compat.keep_launcher(kernel, grid, args, options)
+        if launcher is None:
+            return None
         self = cls()
-        self.device = device
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.signature = signature(args)
-        self.tail = values[len(args):]
-        self.run, self.function, self.metadata = run, function, metadata
-        self.modes = _modes(knobs)
-        self.hooks = kernel.pre_run_hooks  # Triton's own list: hooks added later show in it
-        self._driver, self._knobs = driver.active, knobs
+        self.launcher = launcher
+        self.modes = compat.launch_modes()
+        self.hooks = compat.pre_run_hooks(kernel)  # Triton's own list: hooks added later show in it
         return self
 
     def __call__(self, args) -> bool:
         """Launch on ``args`` if they specialise as the kept call's did (True); else do
         nothing (False) and let the caller launch through Triton."""
-        knobs = self._knobs
-        if signature(args) != self.signature or _hooked(knobs) or _modes(knobs) != self.modes or self.hooks:
+        if (signature(args) != self.signature or compat.launch_hooked() or compat.launch_modes() != self.modes
+                or self.hooks):
             return False
-        drv = self._driver
-        device = drv.get_current_device()
-        if device != self.device:
+        launcher = self.launcher
+        if launcher.current_device() != launcher.device:
             return False
-        self.run(*self.grid, drv.get_current_stream(device), self.function, self.metadata, None, None, None,
-                 *args, *self.tail)
+        launcher(self.grid, args)
         return True
-
-
-def _hooked(knobs) -> bool:
-    # Triton's launch hooks are chains, empty unless something (a profiler) added to them; a
-    # hook set in their place is a plain callable.
-    return any(h is not None and bool(getattr(h, "calls", True))
-               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
-
-
-def _modes(knobs) -> tuple:
-    # Triton settings outside the arguments that pick another compiled kernel
-    return knobs.runtime.debug, knobs.compilation.instrumentation_mode
 
 
 def launch(kept: dict, name, kernel, grid, args, options) -> None:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import torch
 
+from .. import compat
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import TMA_LOADS, TuningParams
 from . import direct
 from .fp8 import check_descales, transposed_v
-from .interpreter import patch_interpreter
 from .problem import Problem
 
 _ALIGN = 16  # bytes: tensor descriptors need 16-byte aligned bases and strides
@@ -35,16 +32,8 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
 
 
 def ensure_allocator() -> None:
-    """Give Triton an allocator for in-kernel descriptors, unless the caller set one.
-
-    Triton keeps the allocator in a context variable that starts as a null allocator
-    in every thread, so the check runs per launch (a context-variable read).
-    """
-    import triton
-    from triton.runtime import _allocation
-
-    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
-        triton.set_allocator(_scratch)
+    """Give Triton an allocator for in-kernel descriptors, unless the caller set one."""
+    compat.ensure_allocator(_scratch)
 
 
 def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> TuningParams:
@@ -110,55 +99,14 @@ def host_descriptor(t: torch.Tensor, rows: int, cols: int):
     """A host tensor descriptor over a whole 4-D tensor, (B, H, N, D) or fp8's transposed V
     (B, H, D, N), with (rows x cols) blocks: rows and columns past its last two dims read as
     zero and are not written. ``t`` must have passed ``tma_compatible``."""
-    return _descriptor(False, t, [1, 1, rows, cols])
+    return compat.descriptor(t, [1, 1, rows, cols])
 
 
 def gluon_descriptor(t: torch.Tensor, box: list[int], layout):
     """A Gluon host descriptor over a whole 4-D tensor with ``box``-shaped blocks staged in
     ``layout`` (``generator.gluon.descriptor_layout``), which is part of its type. ``t`` must
     have passed ``tma_compatible``."""
-    return _descriptor(True, t, box, layout)
-
-
-def _descriptor(gluon: bool, t: torch.Tensor, box: list[int], *layout):
-    cls, bare = _descriptor_class(gluon)
-    if not bare:
-        return cls(t, list(t.shape), list(t.stride()), box, *layout)
-    _check_box(tuple(box))
-    d = _new(cls)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, list(t.shape), list(t.stride()), box, "zero"
-    if gluon:
-        d.layout = layout[0]
-    return d
-
-
-# A descriptor's constructor checks its tensor's alignment and strides, which
-# tma_compatible has checked before any descriptor is built, and its box, which is one of a
-# few per launch: about 2 us of a short cell's host time per descriptor, up to 11 a backward
-# call. Built field by field instead, where the class has exactly the fields set here (a
-# Triton that changes them gets its own constructor).
-_new = object.__new__
-_HOST_FIELDS = ("base", "shape", "strides", "block_shape", "padding")
-_GLUON_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
-
-
-@functools.lru_cache(maxsize=None)
-def _descriptor_class(gluon: bool):
-    """(the descriptor class, whether it may be built field by field)."""
-    if gluon:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    else:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-    fields = tuple(f.name for f in dataclasses.fields(TensorDescriptor))
-    return TensorDescriptor, fields == (_GLUON_FIELDS if gluon else _HOST_FIELDS) and not hasattr(
-        TensorDescriptor, "__slots__")
-
-
-@functools.lru_cache(maxsize=None)
-def _check_box(box: tuple[int, ...]) -> None:
-    from triton._utils import validate_block_shape
-
-    validate_block_shape(list(box))
+    return compat.descriptor(t, box, layout)
 
 
 # Under the interpreter a persistent grid this small makes every program walk several tiles.
@@ -319,7 +267,7 @@ class Launch:
                 self.layouts = tuple(descriptor_layout(block, descriptor_dtype(self.spec, name))
                                      for block, name in zip(self.blocks, "QKVO"))
             elif interpreting():
-                patch_interpreter()
+                compat.patch_interpreter()
             self.module = load_module(self.spec, self.params)
         kernel = self.module.attn_fwd
         if self.grid is None:  # persistent, first run: as many programs as the SMs hold
