@@ -156,6 +156,7 @@ def info(
     for direction, label in directions:
         choice = explain(problem, dev, direction)
         tuned_for = f", tuned for {choice.bucket.key}" if choice.bucket else ""
+        tuned_for += f" under triton {choice.triton}" if choice.triton else ""
         typer.echo(f"{label} ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): "
                    f"{choice.params.to_dict()}")
 

@@ -8,7 +8,9 @@
 
 "Nearest" means at most ``MAX_DISTANCE`` doublings away, summed over the rounded
 dimensions; farther than that a tuned config says little and the default is used.
-Entries tuned under another Triton or template are skipped with a debug log. A
+Entries tuned under another template are skipped with a debug log, and so are the
+database's entries of another Triton; where no shipped file was tuned under the installed
+Triton, the files of the nearest version tuned stand in (``nearest_triton``). A
 corrupt database or file warns once and falls back: a lookup never fails a call.
 ``FA2GEN_DISABLE_TUNED=1`` skips 1 and 2. Dispatch memoises the answer per bucket.
 """
@@ -21,6 +23,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 
+from .. import compat
 from ..generator.arch import fits
 from ..generator.rendering import template_hash
 from ..generator.spec import TuningParams
@@ -39,6 +42,7 @@ class Choice:
     params: TuningParams
     source: str  # "db", "db-nearest", "shipped", "shipped-nearest", "shipped-arch", "default"
     bucket: Bucket | None = None  # the bucket the params were tuned for
+    triton: str | None = None  # the Triton version they were tuned under
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -104,7 +108,7 @@ def _from_db(bucket, validity, spec, arch) -> Choice | None:
         db = _reader(path)
         exact = db.get(validity, bucket)
         if exact is not None and fits(spec, exact.params, arch) is None:
-            return Choice(exact.params, "db", exact.bucket)
+            return Choice(exact.params, "db", exact.bucket, validity.triton)
         same = list(db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
                                template_hash=validity.template_hash, schema=validity.schema))
         stale = db.count_stale(validity)
@@ -114,7 +118,7 @@ def _from_db(bucket, validity, spec, arch) -> Choice | None:
     if stale:
         log.debug("fa2gen: %d entries in %s were tuned under another Triton/template; skipped", stale, path)
     near = _nearest(bucket, same, spec, arch)
-    return Choice(near.params, "db-nearest", near.bucket) if near else None
+    return Choice(near.params, "db-nearest", near.bucket, validity.triton) if near else None
 
 
 def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
@@ -127,23 +131,39 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
         return None
     current = []
     for device, cfg in files:
-        hashes = cfg.meta["template_hash"]
-        if cfg.meta["triton"] != validity.triton or hashes.get(bucket.direction) != validity.template_hash:
-            log.debug("fa2gen: shipped %s/%s tuned under triton %s / another template; skipped",
-                      arch, device, cfg.meta["triton"])
+        if cfg.meta["template_hash"].get(bucket.direction) != validity.template_hash:
+            log.debug("fa2gen: shipped %s/%s tuned under another template; skipped", arch, device)
             continue
         current.append((device, cfg))
-    for device, cfg in current:
-        if device != validity.device:
-            continue
+    own = nearest_triton([cfg for device, cfg in current if device == validity.device], validity.triton)
+    for cfg in own:
         for e in cfg.entries:
             if e.bucket == bucket and fits(spec, e.params, arch) is None:
-                return Choice(e.params, "shipped", e.bucket)
+                return Choice(e.params, "shipped", e.bucket, cfg.meta["triton"])
+    for cfg in own:
         near = _nearest(bucket, cfg.entries, spec, arch)
         if near:
-            return Choice(near.params, "shipped-nearest", near.bucket)
-    near = _nearest(bucket, [e for _, cfg in current for e in cfg.entries], spec, arch)
-    return Choice(near.params, "shipped-arch", near.bucket) if near else None
+            return Choice(near.params, "shipped-nearest", near.bucket, cfg.meta["triton"])
+    for cfg in nearest_triton([cfg for _, cfg in current], validity.triton):
+        near = _nearest(bucket, cfg.entries, spec, arch)
+        if near:
+            return Choice(near.params, "shipped-arch", near.bucket, cfg.meta["triton"])
+    return None
+
+
+def nearest_triton(files, installed: str) -> list:
+    """The files, of ``files``, tuned under the Triton version nearest ``installed``: its own
+    where shipped, else the nearest minor version, the older on a tie. Params only choose
+    tiles, so another version's are as correct as its own; docs/tuning.md has what they
+    measured."""
+    here = compat.parse_version(installed)
+
+    def rank(cfg) -> tuple:
+        tuned = compat.parse_version(cfg.meta["triton"])
+        return cfg.meta["triton"] != installed, abs((tuned[0] - here[0]) * 100 + tuned[1] - here[1]), tuned > here
+
+    best = min(map(rank, files), default=None)
+    return [cfg for cfg in files if rank(cfg) == best]
 
 
 def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") -> Choice:

@@ -14,6 +14,7 @@ SCHEMA_VERSION = 1
 _DEVICE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 _CAPABILITY = re.compile(r"^\d{1,2}\.\d{1,2}$")
 _VERSION = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_TRITON = re.compile(r"^\d{1,3}\.\d{1,3}[A-Za-z0-9_.+-]{0,56}$")  # major.minor first: compared by them
 _HASH = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -55,7 +56,7 @@ class Validity:
     def __post_init__(self) -> None:
         check_str("device", self.device, _DEVICE)
         check_str("capability", self.capability, _CAPABILITY)
-        check_str("triton", self.triton, _VERSION)
+        check_str("triton", self.triton, _TRITON)
         check_str("template_hash", self.template_hash, _HASH)
         if isinstance(self.schema, bool) or not isinstance(self.schema, int) or self.schema < 1:
             raise RecordError(f"schema: invalid value {self.schema!r}")
