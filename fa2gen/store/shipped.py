@@ -9,19 +9,24 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .records import RecordError
-from .yamlfile import ConfigFile, read
+if TYPE_CHECKING:
+    from .yamlfile import ConfigFile
 
 log = logging.getLogger(__name__)
 
 
 def shipped_root() -> Path | None:
+    # tuned_configs/ has an __init__.py, so that installed it is a regular package, for which
+    # files() returns a Path (as a namespace package it gave a MultiplexedPath, whose str() is
+    # no path, and a wheel install found no configs). Anything else (a zip) is not searched.
+    # Importing this module stays stdlib-only (no yaml, no torch): the YAML is read below.
     try:
         from importlib.resources import files
 
-        root = Path(str(files("fa2gen.tuned_configs")))
-        if root.is_dir():
+        root = files("fa2gen.tuned_configs")
+        if isinstance(root, Path) and root.is_dir():
             return root
     except (ModuleNotFoundError, TypeError):
         pass
@@ -33,6 +38,9 @@ def shipped_root() -> Path | None:
 def shipped_files(arch: str, root: Path | None = None) -> tuple[tuple[str, ConfigFile], ...]:
     """(device, file) for every valid YAML file of ``arch``; bad files warn and are skipped."""
     import warnings
+
+    from .records import RecordError
+    from .yamlfile import read
 
     root = root or shipped_root()
     folder = root / arch if root else None
