@@ -97,6 +97,33 @@ def test_stale_entries_are_skipped(env, caplog):
     assert "another Triton" in caplog.text
 
 
+@pytest.mark.parametrize("installed,tuned", [("3.6.0", "3.6.0"), ("3.7.1", "3.6.0"), ("3.8.0", "3.9.0"),
+                                               ("3.9.0", "3.9.0"), ("3.10.0", "3.9.0"), ("3.5.1", "3.6.0")])
+def test_a_triton_without_shipped_entries_takes_the_nearest_versions(env, monkeypatch, installed, tuned):
+    root, _ = env
+    b = Bucket.of(problem())
+    params = {"3.6.0": P_DEV, "3.9.0": P_ARCH}
+    for version, p in params.items():
+        write_yaml(root, "NVIDIA_H200", [entry(p, b, validity(triton_version=version))], name=f"H200-{version}")
+    # another device's file of the installed version does not outrank this device's own
+    write_yaml(root, H100, [entry(P_DB, b, validity(H100, triton_version=installed))])
+    monkeypatch.setattr(triton, "__version__", installed)
+    c = choose()
+    assert (c.source, c.params, c.triton) == ("shipped", params[tuned], tuned)
+
+
+def test_nearest_triton_prefers_its_own_then_the_older_on_a_tie():
+    from types import SimpleNamespace
+
+    files = [SimpleNamespace(meta={"triton": v}) for v in ("3.6.0", "3.8.0", "3.7.1", "3.7.0")]
+    pick = lambda installed: [f.meta["triton"] for f in lookup.nearest_triton(files, installed)]  # noqa: E731
+    assert pick("3.7.0") == ["3.7.0"]
+    assert pick("3.7.2") == ["3.7.1", "3.7.0"]  # the same minor version, either patch
+    assert pick("3.9.0") == ["3.8.0"] and pick("3.5.0") == ["3.6.0"]
+    assert lookup.nearest_triton(files[:2], "3.7.0") == files[:1]  # 3.6 and 3.8 tie: the older
+    assert lookup.nearest_triton([], "3.9.0") == []
+
+
 def test_corrupted_files_warn_and_fall_back(env):
     root, db_path = env
     b = Bucket.of(problem())
