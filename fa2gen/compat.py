@@ -26,6 +26,7 @@ import functools
 import os
 import re
 import threading
+import warnings
 
 import numpy as np
 
@@ -382,4 +383,7 @@ def patch_interpreter() -> None:
         if not hasattr(InterpreterBuilder, "create_descriptor_reduce"):
             InterpreterBuilder.create_descriptor_reduce = _descriptor_reduce
         interpreter._convert_float = _rounded_downcasts(interpreter._convert_float)
+        if not interpreter_numpy_ok():
+            warnings.warn(f"fa2gen: Triton 3.6's CPU interpreter breaks under numpy >= 2.4 (numpy {np.__version__} "
+                          "is installed): pip install 'numpy<2.4', or Triton 3.7 or newer", RuntimeWarning, stacklevel=3)
         _interp_patched = True
