@@ -118,17 +118,19 @@ _FIELDS_SET = ("base", "shape", "strides", "block_shape", "layout")
 
 @functools.lru_cache(maxsize=None)
 def _descriptor_class(gluon: bool):
-    """(the host descriptor class, its fields where it may be built field by field, else None)."""
+    """(the host descriptor class, the values of its fields fa2gen does not set where it may
+    be built field by field, else None)."""
     import dataclasses
 
     if gluon:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     else:
         from triton.tools.tensor_descriptor import TensorDescriptor
-    fields = tuple(f.name for f in dataclasses.fields(TensorDescriptor))
-    known = set(_FIELDS_SET if gluon else _FIELDS_SET[:-1]) | set(_FIELD_DEFAULTS)
-    bare = set(fields) <= known and not hasattr(TensorDescriptor, "__slots__")
-    return TensorDescriptor, fields if bare else None
+    fields = {f.name for f in dataclasses.fields(TensorDescriptor)}
+    known = set(_FIELDS_SET if gluon else _FIELDS_SET[:-1])
+    if not fields - known <= set(_FIELD_DEFAULTS) or hasattr(TensorDescriptor, "__slots__"):
+        return TensorDescriptor, None
+    return TensorDescriptor, {name: _FIELD_DEFAULTS[name] for name in fields - known}
 
 
 _new = object.__new__
@@ -142,18 +144,14 @@ def descriptor(t, box: list[int], layout=None):
     class allows, it is built field by field instead (about 2 us a descriptor, up to 11 a
     backward call)."""
     gluon = layout is not None
-    cls, fields = _descriptor_class(gluon)
-    if fields is None:
-        args = (t, list(t.shape), list(t.stride()), box) + ((layout,) if gluon else ())
-        return cls(*args)
+    cls, defaults = _descriptor_class(gluon)
+    if defaults is None:
+        return cls(t, list(t.shape), list(t.stride()), box, *((layout,) if gluon else ()))
     check_box(tuple(box))
     d = _new(cls)
-    d.base, d.shape, d.strides, d.block_shape = t, list(t.shape), list(t.stride()), box
+    d.__dict__.update(defaults, base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=box)
     if gluon:
         d.layout = layout
-    for name in fields:
-        if name in _FIELD_DEFAULTS:
-            setattr(d, name, _FIELD_DEFAULTS[name])
     return d
 
 

@@ -58,8 +58,8 @@ def test_descriptors_built_field_by_field_equal_the_constructors(gluon):
     t = torch.randn(2, 3, 40, 64, dtype=torch.float16)
     box = [1, 1, 32, 64]
     layout = compat.nvmma_layout(tuple(box), "fp16") if gluon else None
-    cls, fields = compat._descriptor_class(gluon)
-    assert fields is not None, "this Triton's descriptor has fields fa2gen does not know: update _FIELD_DEFAULTS"
+    cls, defaults = compat._descriptor_class(gluon)
+    assert defaults is not None, "this Triton's descriptor has fields fa2gen does not know: update _FIELD_DEFAULTS"
     built = compat.descriptor(t, box, layout)
     made = cls(t, list(t.shape), list(t.stride()), box, *((layout,) if gluon else ()))
     assert type(built) is cls
