@@ -177,7 +177,7 @@ def _python(version: str) -> str | None:
 
 
 FIND = """
-import json
+import json, sys
 import fa2gen
 from fa2gen.store.shipped import shipped_root
 
