@@ -2,7 +2,7 @@
 default of every bucket of the default tuning grid and every entry of every shipped config
 file of that arch. Prints one JSON line: {"variants": N, "kernels": K, "failures": {...}}.
 
-usage: python tests/compile_all.py [--arch sm90] [--workers 2] [--only shipped|defaults]
+usage: python tests/compile_all.py [--arch sm90] [--workers 2] [--only shipped|defaults] [--gluon-only]
 
 Run by tests/test_triton_versions.py under each supported Triton (TRITON_INTERPRET unset).
 """
@@ -16,8 +16,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 
-def variants(arch: str, only: str | None = None) -> list[tuple]:
-    """Unique (spec, params) pairs, as dicts, in a fixed order."""
+def variants(arch: str, only: str | None = None, gluon_only: bool = False) -> list[tuple]:
+    """Unique (spec, params) pairs, as dicts, in a fixed order; with ``gluon_only``, those that
+    render a Gluon template (what differs most between Triton versions)."""
     from fa2gen.runtime.defaults import bucket_default
     from fa2gen.store.shipped import shipped_files
     from fa2gen.tuner.grid import default_buckets
@@ -30,7 +31,8 @@ def variants(arch: str, only: str | None = None) -> list[tuple]:
         for _, cfg in shipped_files(arch):
             for entry in cfg.entries:
                 pairs[_key(entry.bucket.kernel_spec(), entry.params)] = None
-    return [json.loads(k) for k in pairs]
+    found = [json.loads(k) for k in pairs]
+    return [(spec, params) for spec, params in found if params["gluon"] or not gluon_only]
 
 
 def _key(spec, params) -> str:
@@ -56,11 +58,12 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm90")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", choices=("shipped", "defaults"))
+    ap.add_argument("--gluon-only", action="store_true")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("compile_all.py: unset TRITON_INTERPRET", file=sys.stderr)
         return 2
-    jobs = [(args.arch, v) for v in variants(args.arch, args.only)]
+    jobs = [(args.arch, v) for v in variants(args.arch, args.only, args.gluon_only)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_compile, jobs))
     failures = {label: why for label, _, why in results if why}

@@ -1,11 +1,14 @@
-"""fa2gen under the newest supported Triton as well as the one the suite runs under.
+"""fa2gen under the other supported Tritons as well as the one the suite runs under.
 
 The suite itself runs under the Triton of the test environment (3.6 in CI, the oldest
-supported). These tests build a second environment beside it, a virtual environment that
-sees this one's packages but has its own Triton (``FA2GEN_OTHER_TRITON``, default 3.9.0,
-what torch 2.15 requires), and there:
-- compile every default and every shipped config for sm90 (``tests/compile_all.py``);
-- run the compatibility and rendering tests and the interpreter's kernel checks.
+supported). These tests build environments beside it, virtual environments that see this
+one's packages but have their own Triton (``FA2GEN_OTHER_TRITONS``, default 3.7.1, 3.8.0 and
+3.9.0, what torch 2.12 to 2.15 require), and there:
+- under the newest, compile every default and every shipped config for sm90
+  (``tests/compile_all.py``) and run the compatibility and rendering tests and the
+  interpreter's kernel checks;
+- under the others, compile every default and shipped config that renders a Gluon template
+  (where the versions differ) and run the compatibility tests.
 
 The environment is kept under ``~/.cache/fa2gen/test-envs`` between runs. Building it needs
 the package index: without it the tests skip, except under CI (``CI`` set), where they fail.
@@ -22,7 +25,8 @@ import pytest
 
 import triton
 
-OTHER = os.environ.get("FA2GEN_OTHER_TRITON", "3.9.0")
+OTHERS = os.environ.get("FA2GEN_OTHER_TRITONS", "3.7.1,3.8.0,3.9.0").split(",")
+NEWEST = max(OTHERS, key=lambda v: tuple(int(x) for x in v.split(".")[:2]))
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 
@@ -33,25 +37,27 @@ def _unavailable(why: str):
     pytest.skip(why)
 
 
-@pytest.fixture(scope="module")
-def other_python():
-    if triton.__version__ == OTHER:
-        pytest.skip(f"the suite already runs under Triton {OTHER}")
+@pytest.fixture(scope="module", params=OTHERS, ids=lambda v: f"triton{v}")
+def other(request):
+    """(the Triton version, the python of an environment that has it)."""
+    version = request.param
+    if triton.__version__ == version:
+        pytest.skip(f"the suite already runs under Triton {version}")
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fa2gen" / "test-envs"
-    env_dir = home / f"triton-{OTHER}-py{sys.version_info.major}.{sys.version_info.minor}"
+    env_dir = home / f"triton-{version}-py{sys.version_info.major}.{sys.version_info.minor}"
     python = env_dir / "bin" / "python"
     check = [str(python), "-c", "import triton, fa2gen; print(triton.__version__, fa2gen.__file__)"]
     found = subprocess.run(check, capture_output=True, text=True) if python.exists() else None
-    if found is None or found.returncode or found.stdout.split()[0] != OTHER:
+    if found is None or found.returncode or found.stdout.split()[0] != version:
         venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(env_dir)
-        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", f"triton=={OTHER}"],
+        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", f"triton=={version}"],
                              capture_output=True, text=True, timeout=900)
         if got.returncode:
-            _unavailable(f"cannot install triton {OTHER}: {got.stderr.strip()[-300:]}")
+            _unavailable(f"cannot install triton {version}: {got.stderr.strip()[-300:]}")
         found = subprocess.run(check, capture_output=True, text=True)
-    version, package = found.stdout.split()
-    assert version == OTHER and Path(package).resolve().parent.parent == ROOT.resolve(), found.stdout
-    return python
+    installed, package = found.stdout.split()
+    assert installed == version and Path(package).resolve().parent.parent == ROOT.resolve(), found.stdout
+    return version, python
 
 
 def _env(**extra):
@@ -59,8 +65,11 @@ def _env(**extra):
     return {**env, **extra}
 
 
-def test_every_default_and_shipped_config_compiles_for_sm90(other_python, tmp_path):
-    r = subprocess.run([str(other_python), str(TESTS / "compile_all.py"), "--arch", "sm90", "--workers", "2"],
+def test_every_default_and_shipped_config_compiles_for_sm90(other, tmp_path):
+    version, python = other
+    gluon_only = version != NEWEST
+    r = subprocess.run([str(python), str(TESTS / "compile_all.py"), "--arch", "sm90", "--workers", "2",
+                        *(["--gluon-only"] if gluon_only else [])],
                        capture_output=True, text=True, timeout=1500, env=_env(FA2GEN_CACHE_DIR=str(tmp_path)))
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     assert lines, r.stderr[-3000:]
@@ -71,20 +80,22 @@ def test_every_default_and_shipped_config_compiles_for_sm90(other_python, tmp_pa
         from compile_all import variants
     finally:
         sys.path.remove(str(TESTS))
-    assert summary["variants"] == len(variants("sm90")) >= 100
+    assert summary["variants"] == len(variants("sm90", gluon_only=gluon_only)) >= (40 if gluon_only else 100)
 
 
 # The compatibility hooks, rendering, and the kernels' checks against the reference under the
 # interpreter (about 430 tests, 2 minutes): the forward's on odd shapes along each load path,
-# the backward's and fp8's.
+# the backward's and fp8's. Under the older others, the compatibility hooks alone.
 _SAMPLE = ["tests/test_compat.py", "tests/test_render.py",
            "tests/test_forward_interpreter.py::test_forward_matches_reference",
            "tests/test_forward_interpreter.py::test_rows_without_keys_are_zero_with_neg_inf_lse",
            "tests/test_backward_interpreter.py", "tests/test_fp8_interpreter.py"]
 
 
-def test_compat_and_interpreter_checks(other_python):
-    r = subprocess.run([str(other_python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *_SAMPLE],
+def test_compat_and_interpreter_checks(other):
+    version, python = other
+    tests = _SAMPLE if version == NEWEST else _SAMPLE[:1]
+    r = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                        capture_output=True, text=True, timeout=1500, cwd=ROOT, env=_env())
     tail = r.stdout[-3000:]
     assert r.returncode == 0, tail + r.stderr[-2000:]
