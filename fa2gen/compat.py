@@ -10,7 +10,7 @@ between them, and what each hook below answers:
 | ``tma_load`` / ``tma_store`` (Gluon) | ``tma.async_copy_global_to_shared`` / ``..._shared_to_global`` | same | ``tma.async_load`` / ``async_store`` (old names kept) | new names only |
 | ``tma_add`` (Gluon bulk reduction) | our builtin over the IR builder | same | ``tma.async_atomic_add`` | same |
 | descriptor fields | base, shape, strides, block_shape, [layout], padding | + round_f32_to_tf32 | same | same |
-| ``ptxas(arch)`` for sm90 | ``bin/ptxas`` (CUDA 12.8) | same | same | ``bin/ptxas-blackwell`` (13.4): the PTX 3.9 emits is newer than 12.x's ptxas reads |
+| ``ptxas(arch)`` for sm90 | ``bin/ptxas`` (CUDA 12.8) | same | ``bin/ptxas`` (12.9) | ``bin/ptxas-blackwell`` (13.4): the PTX 3.9 emits is newer than 12.x's ptxas reads |
 
 The rest (launcher caches, allocator, interpreter internals, ahead-of-time sources) has
 not moved across the four; each hook still lives here so that the next move is one edit.
