@@ -13,7 +13,6 @@ from .buckets import Bucket
 SCHEMA_VERSION = 1
 _DEVICE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 _CAPABILITY = re.compile(r"^\d{1,2}\.\d{1,2}$")
-_VERSION = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 _TRITON = re.compile(r"^\d{1,3}\.\d{1,3}[A-Za-z0-9_.+-]{0,56}$")  # major.minor first: compared by them
 _HASH = re.compile(r"^[0-9a-f]{16}$")
 
