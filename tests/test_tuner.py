@@ -1,6 +1,7 @@
 """The tuner's orchestration on CPU, with CostModelEvaluator standing in for GPU timing
 (see fa2gen/tuner/evaluate.py). Optuna, its SQLite storage and the results DB are real."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -666,6 +667,46 @@ def test_the_other_16_bit_dtypes_winner_is_a_warm_start(tmp_path):
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     assert first[:2] == [bucket_default(B4K, "sm90"), won]
     assert r.best == won
+
+
+def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
+    """A study measures what dispatch runs today from the shipped files, whatever device and
+    Triton tuned it (another GPU of the arch, another version): the device's own and the
+    nearest version first, and nothing tuned under another template."""
+    from fa2gen.store import shipped
+    from fa2gen.store.records import Entry, Measurement
+    from fa2gen.store.yamlfile import dump
+    from fa2gen.tuner.run import shipped_params
+
+    root = tmp_path / "shipped"
+    (root / "sm90").mkdir(parents=True)
+    monkeypatch.setattr(shipped, "shipped_root", lambda: root)
+    shipped.shipped_files.cache_clear()
+    own = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host")
+    near = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")
+    far = TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=3, loads="tma_host")
+    stale = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2, loads="pointer")
+    m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
+    files = {"own": (VALID, own), "near": (Validity("OTHER_GPU", "9.0", "3.7.1", VALID.template_hash), near),
+             "far": (Validity("OTHER_GPU", "9.0", "3.9.0", VALID.template_hash), far),
+             "stale": (Validity("OTHER_GPU", "9.0", "3.6.0", "fedcba9876543210"), stale)}
+    for name, (v, params) in files.items():
+        (root / "sm90" / f"{name}.yaml").write_text(dump(
+            [Entry(validity=v, bucket=B4K, params=params, measurement=m, default_ms=1.2, trials=9)],
+            arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0"))
+    shipped.shipped_files.cache_clear()
+    try:
+        assert shipped_params(VALID, B4K, "sm90") == [own, near, far]
+        assert shipped_params(dataclasses.replace(VALID, device="OTHER_GPU"), B4K, "sm90")[0] == near
+        assert shipped_params(VALID, dataclasses.replace(B4K, seqlen_q=1024, seqlen_k=1024), "sm90") == []
+        ev = CostModelEvaluator(optimum=far)
+        _, storage, _, [r] = _tune(tmp_path, [B4K], trials=4, evaluator=ev)
+        study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+        first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
+        assert first[:4] == [bucket_default(B4K, "sm90"), own, near, far]
+        assert r.best == far
+    finally:
+        shipped.shipped_files.cache_clear()
 
 
 def test_a_stored_entry_the_study_could_not_time_keeps_its_place(tmp_path):

@@ -10,6 +10,7 @@ from typing import Callable
 
 import optuna
 
+from .. import compat
 from ..generator.spec import TuningParams
 from ..runtime.defaults import bucket_default
 from ..store.buckets import Bucket
@@ -125,6 +126,24 @@ def sibling_params(db: TunedDB, validity: Validity, bucket: Bucket) -> list[Tuni
     return [twin.params] if twin else []
 
 
+def shipped_params(validity: Validity, bucket: Bucket, arch: str) -> list[TuningParams]:
+    """This bucket's params in the shipped files of ``arch`` under the current template: the
+    point dispatch runs today without this run's entry, from any device (the arch fallback
+    runs them here) and any Triton version, the device's own and the nearest version first.
+    A study that measures it stores nothing slower than what users already get."""
+    from ..store.shipped import shipped_files
+
+    here = compat.parse_version(validity.triton)
+
+    def rank(cfg) -> tuple:
+        tuned = compat.parse_version(cfg.meta["triton"])
+        return cfg.meta["device"] != validity.device, abs((tuned[0] - here[0]) * 100 + tuned[1] - here[1])
+
+    files = sorted((cfg for _, cfg in shipped_files(arch)
+                    if cfg.meta["template_hash"].get(bucket.direction) == validity.template_hash), key=rank)
+    return _distinct_params([e for cfg in files for e in cfg.entries if e.bucket == bucket], limit=len(files))
+
+
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
     """Best params of the nearest already-tuned buckets of the same kernel."""
     entries = [e for e in db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
@@ -179,7 +198,8 @@ def tune(
         # from a shipped file) is measured early, so that it competes in this study's timing.
         stored = db.get(validity, bucket)
         own = [stored.params] if stored else []
-        kept = [p for p in own + earlier_params(db, validity, bucket) + sibling_params(db, validity, bucket)
+        kept = [p for p in (own + earlier_params(db, validity, bucket) + shipped_params(validity, bucket, space.arch)
+                            + sibling_params(db, validity, bucket))
                 if prune_reason(bucket_space, spec, bucket, p) is None]
         result = tune_bucket(
             bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
