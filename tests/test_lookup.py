@@ -112,16 +112,39 @@ def test_a_triton_without_shipped_entries_takes_the_nearest_versions(env, monkey
     assert (c.source, c.params, c.triton) == ("shipped", params[tuned], tuned)
 
 
-def test_nearest_triton_prefers_its_own_then_the_older_on_a_tie():
+def test_files_answer_in_order_of_their_triton_version():
     from types import SimpleNamespace
 
     files = [SimpleNamespace(meta={"triton": v}) for v in ("3.6.0", "3.8.0", "3.7.1", "3.7.0")]
-    pick = lambda installed: [f.meta["triton"] for f in lookup.nearest_triton(files, installed)]  # noqa: E731
-    assert pick("3.7.0") == ["3.7.0"]
-    assert pick("3.7.2") == ["3.7.1", "3.7.0"]  # the same minor version, either patch
-    assert pick("3.9.0") == ["3.8.0"] and pick("3.5.0") == ["3.6.0"]
-    assert lookup.nearest_triton(files[:2], "3.7.0") == files[:1]  # 3.6 and 3.8 tie: the older
-    assert lookup.nearest_triton([], "3.9.0") == []
+    pick = lambda installed: [f.meta["triton"] for f in lookup.by_triton(files, installed)]  # noqa: E731
+    assert pick("3.7.0") == ["3.7.0", "3.7.1", "3.6.0", "3.8.0"]
+    assert pick("3.7.2") == ["3.7.1", "3.7.0", "3.6.0", "3.8.0"]  # the same minor version, either patch
+    assert pick("3.9.0") == ["3.8.0", "3.7.1", "3.7.0", "3.6.0"] and pick("3.5.0")[0] == "3.6.0"
+    assert pick("3.7.5")[2:] == ["3.6.0", "3.8.0"]  # 3.6 and 3.8 tie: the older first
+    assert lookup.by_triton([], "3.9.0") == []
+
+
+def test_an_exact_bucket_anywhere_before_a_nearest_one(env, monkeypatch):
+    """This device's file answers an exact bucket under any Triton version, then a sibling
+    GPU's file does; only then a nearest bucket, this device's files first, the installed
+    version's first."""
+    root, _ = env
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    b = Bucket.of(problem())
+    near = Bucket.of(problem(bh=(8, 16)))
+    other = Bucket.of(problem(n=1024))
+    write_yaml(root, "NVIDIA_H200", [entry(P_DB, near, validity(triton_version="3.9.0")),
+                                     entry(P_ARCH, other, validity(triton_version="3.9.0"))], name="H200-3.9")
+    write_yaml(root, H100, [entry(P_DEV, b, validity(H100, triton_version="3.9.0"))])
+    c = choose()
+    assert (c.source, c.params, c.bucket) == ("shipped-arch", P_DEV, b)
+    write_yaml(root, "NVIDIA_H200", [entry(P_ARCH, b, validity(triton_version="3.6.0"))], name="H200-3.6")
+    c = choose()
+    assert (c.source, c.params, c.triton) == ("shipped", P_ARCH, "3.6.0")
+    c = choose(problem(bh=(2, 16)))
+    assert (c.source, c.params, c.bucket) == ("shipped-nearest", P_DB, near)  # the installed version's file first
+    c = choose(problem(n=1024))
+    assert (c.source, c.params) == ("shipped", P_ARCH)
 
 
 def test_corrupted_files_warn_and_fall_back(env):

@@ -2,15 +2,15 @@
 
 1. the user's tuned database (this device, same Triton and template), exact bucket,
    then the nearest bucket of the same kernel;
-2. the shipped YAML for this device, then for any device of the same arch (nearest
-   bucket);
+2. the shipped YAML: the exact bucket in this device's file, then in any file of the
+   same arch; then the nearest bucket, in the same order;
 3. the heuristic default.
 
 "Nearest" means at most ``MAX_DISTANCE`` doublings away, summed over the rounded
 dimensions; farther than that a tuned config says little and the default is used.
 Entries tuned under another template are skipped with a debug log, and so are the
 database's entries of another Triton; where no shipped file was tuned under the installed
-Triton, the files of the nearest version tuned stand in (``nearest_triton``). A
+Triton, those of the nearest version tuned answer first (``by_triton``). A
 corrupt database or file warns once and falls back: a lookup never fails a call.
 ``FA2GEN_DISABLE_TUNED=1`` skips 1 and 2. Dispatch memoises the answer per bucket.
 """
@@ -135,35 +135,34 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
             log.debug("fa2gen: shipped %s/%s tuned under another template; skipped", arch, device)
             continue
         current.append((device, cfg))
-    own = nearest_triton([cfg for device, cfg in current if device == validity.device], validity.triton)
-    for cfg in own:
-        for e in cfg.entries:
-            if e.bucket == bucket and fits(spec, e.params, arch) is None:
-                return Choice(e.params, "shipped", e.bucket, cfg.meta["triton"])
-    for cfg in own:
-        near = _nearest(bucket, cfg.entries, spec, arch)
-        if near:
-            return Choice(near.params, "shipped-nearest", near.bucket, cfg.meta["triton"])
-    for cfg in nearest_triton([cfg for _, cfg in current], validity.triton):
-        near = _nearest(bucket, cfg.entries, spec, arch)
-        if near:
-            return Choice(near.params, "shipped-arch", near.bucket, cfg.meta["triton"])
+    own = by_triton([cfg for device, cfg in current if device == validity.device], validity.triton)
+    arch_files = by_triton([cfg for device, cfg in current if device != validity.device], validity.triton)
+    # An exact bucket, the device's own or another's of the arch, before any nearest one: a
+    # bucket tuned on a sibling GPU says more than a neighbour tuned on this one.
+    for files, source in ((own, "shipped"), (arch_files, "shipped-arch")):
+        for cfg in files:
+            for e in cfg.entries:
+                if e.bucket == bucket and fits(spec, e.params, arch) is None:
+                    return Choice(e.params, source, e.bucket, cfg.meta["triton"])
+    for files, source in ((own, "shipped-nearest"), (arch_files, "shipped-arch")):
+        for cfg in files:
+            near = _nearest(bucket, cfg.entries, spec, arch)
+            if near:
+                return Choice(near.params, source, near.bucket, cfg.meta["triton"])
     return None
 
 
-def nearest_triton(files, installed: str) -> list:
-    """The files, of ``files``, tuned under the Triton version nearest ``installed``: its own
-    where shipped, else the nearest minor version, the older on a tie. Params only choose
-    tiles, so another version's are as correct as its own; docs/tuning.md has what they
-    measured."""
+def by_triton(files, installed: str) -> list:
+    """``files`` in the order their Triton versions answer for ``installed``: its own first,
+    then by distance in minor versions, the older first on a tie. Params only choose tiles,
+    so another version's are as correct as its own; docs/tuning.md has what they measured."""
     here = compat.parse_version(installed)
 
     def rank(cfg) -> tuple:
         tuned = compat.parse_version(cfg.meta["triton"])
         return cfg.meta["triton"] != installed, abs((tuned[0] - here[0]) * 100 + tuned[1] - here[1]), tuned > here
 
-    best = min(map(rank, files), default=None)
-    return [cfg for cfg in files if rank(cfg) == best]
+    return sorted(files, key=rank)
 
 
 def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") -> Choice:

@@ -10,7 +10,6 @@ from typing import Callable
 
 import optuna
 
-from .. import compat
 from ..generator.spec import TuningParams
 from ..runtime.defaults import bucket_default
 from ..store.buckets import Bucket
@@ -131,16 +130,13 @@ def shipped_params(validity: Validity, bucket: Bucket, arch: str) -> list[Tuning
     point dispatch runs today without this run's entry, from any device (the arch fallback
     runs them here) and any Triton version, the device's own and the nearest version first.
     A study that measures it stores nothing slower than what users already get."""
+    from ..runtime.lookup import by_triton
     from ..store.shipped import shipped_files
 
-    here = compat.parse_version(validity.triton)
-
-    def rank(cfg) -> tuple:
-        tuned = compat.parse_version(cfg.meta["triton"])
-        return cfg.meta["device"] != validity.device, abs((tuned[0] - here[0]) * 100 + tuned[1] - here[1])
-
-    files = sorted((cfg for _, cfg in shipped_files(arch)
-                    if cfg.meta["template_hash"].get(bucket.direction) == validity.template_hash), key=rank)
+    current = [(device, cfg) for device, cfg in shipped_files(arch)
+               if cfg.meta["template_hash"].get(bucket.direction) == validity.template_hash]
+    files = (by_triton([cfg for device, cfg in current if device == validity.device], validity.triton)
+             + by_triton([cfg for device, cfg in current if device != validity.device], validity.triton))
     return _distinct_params([e for cfg in files for e in cfg.entries if e.bucket == bucket], limit=len(files))
 
 
