@@ -46,7 +46,7 @@ def anchor_section(results, provider: str) -> str:
     return "\n".join(lines)
 
 
-SHIPPED = Path(__file__).parent.parent / "tuned_configs" / "sm90" / "NVIDIA_H200.yaml"
+SHIPPED = Path(__file__).parent.parent / "tuned_configs" / "sm90"
 
 
 def tuned_section(path: Path) -> str:
@@ -194,10 +194,12 @@ def main(argv: list[str]) -> None:
         memory_section(args.memory)
     if args.train:
         train_section(args.train)
-    if SHIPPED.exists():
+    shipped = sorted(SHIPPED.glob("*.yaml"))
+    if shipped:
         print("## Shipped tuned configs against the defaults (tuner's own measurements)\n")
-        print(tuned_section(SHIPPED))
-        print()
+        for path in shipped:
+            print(tuned_section(path))
+            print()
 
 
 if __name__ == "__main__":
