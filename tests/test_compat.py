@@ -188,6 +188,50 @@ def test_ptxas_reads_the_ptx_this_triton_emits(tmp_path):
     assert os.path.basename(compat.ptxas("sm90")).startswith("ptxas")
 
 
+_FUSE = """
+import triton, triton.language as tl
+from fa2gen import compat
+
+@triton.jit
+def fused(X, N: tl.constexpr):
+    i = tl.arange(0, N)
+    x = tl.load(X + i)
+    tl.store(X + i, x * x + 1.0)
+
+k = compat.compile_triton(fused, {"X": "*fp32", "N": "constexpr"}, {"N": 128}, {}, "sm90", {"num_warps": 4})
+print(k.metadata.enable_fp_fusion, "fma.rn.f32" in k.asm["ptx"])
+"""
+
+
+def test_every_compile_and_launch_asks_for_fused_multiply_adds(tmp_path):
+    """enable_fp_fusion is requested, not left to Triton's default (3.9 warns that it turns
+    False in 3.10): with the default switched off, compiles still fuse, and the runtime's
+    launches and warmups pass the request."""
+    from fa2gen.runtime import direct
+
+    script = tmp_path / "fuse.py"
+    script.write_text(_FUSE)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "0"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True"]
+
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **options: calls.append(("run", options))
+
+        def warmup(self, *args, grid, **options):
+            calls.append(("warmup", options))
+
+    direct.launch({}, "k", Kernel(), (1,), (), {"BLOCK": 16})
+    direct.warmup(Kernel(), (1,), (), {"BLOCK": 16})
+    assert [kind for kind, _ in calls[:1]] == ["run"] and calls[-1][0] == "warmup"
+    assert calls and all(options == {"BLOCK": 16, "enable_fp_fusion": True} for _, options in calls)
+    assert compat.codegen({"enable_fp_fusion": False}) == {"enable_fp_fusion": False}  # an explicit choice stands
+
+
 # Public Triton: the package, its language and testing modules, and the Gluon language the
 # templates are written in.
 _PUBLIC = {"triton", "triton.language", "triton.testing", "triton.experimental", "triton.experimental.gluon",

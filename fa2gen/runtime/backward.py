@@ -195,7 +195,7 @@ class BackwardLaunch:
 
         def run(kernel, grid, *args, launch=self.launch, key=None, **constexprs):
             if compile_only:
-                kernel.warmup(*args, grid=grid, **constexprs, **launch)
+                direct.warmup(kernel, grid, args, {**constexprs, **launch})
             else:  # (a kept launcher keeps its grid: ``key`` names one per grid where it varies)
                 direct.launch(self._direct, key or id(kernel), kernel, grid, args, {**constexprs, **launch})
 

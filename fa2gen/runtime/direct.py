@@ -84,10 +84,16 @@ class DirectKernel:
         return True
 
 
+def warmup(kernel, grid, args, options) -> None:
+    """Compile ``kernel`` for ``args`` as ``launch`` would run it, without running it."""
+    kernel.warmup(*args, grid=grid, **compat.codegen(options))
+
+
 def launch(kept: dict, name, kernel, grid, args, options) -> None:
     """``kernel[grid](*args, **options)``, through the launcher kept under ``name`` (any
     key naming the kernel) in ``kept`` (a kept launch's own dict) where the call fits it.
     The first launch goes through Triton and, when enabled, keeps the launcher for the next."""
+    options = compat.codegen(options)
     direct = kept.get(name)
     if direct and direct(args):
         return

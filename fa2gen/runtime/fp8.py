@@ -13,6 +13,7 @@ import threading
 
 import torch
 
+from .. import compat
 from .direct import launch
 from .problem import Problem
 
@@ -140,7 +141,7 @@ def transposed_v(v: torch.Tensor, *, key_order: bool = False, kept: dict | None 
     args = [v, vt, h, n, padded, *v.stride()[:3], *vt.stride()[:3]]
     options = dict(D=d, D_PAD=d_pad, BLOCK=_TRANSPOSE_BLOCK, KEY_ORDER=key_order)
     if kept is None:
-        _transpose_kernel()[grid](*args, **options)
+        _transpose_kernel()[grid](*args, **compat.codegen(options))
     else:  # the grid and the int arguments follow the call shape, as the kept launch's do
         launch(kept, ("transpose", key_order), _transpose_kernel(), grid, args, options)
     return vt

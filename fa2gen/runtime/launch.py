@@ -249,7 +249,7 @@ class Launch:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
         kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales)
         if compile_only:
-            kernel.warmup(*args, grid=self.grid, **options)
+            direct.warmup(kernel, self.grid, args, options)
         else:
             direct.launch(self._direct, "attn_fwd", kernel, self.grid, args, options)
 
@@ -280,7 +280,7 @@ class Launch:
                 args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
             if self.params.persistent and self.spec.mask == "causal":  # tiles from a counter
                 args.append(tile_counter(q.device))
-            return kernel, [*args, *self.scalars], {**self.constexprs, **self.module.LAUNCH}
+            return kernel, [*args, *self.scalars], compat.codegen({**self.constexprs, **self.module.LAUNCH})
         if self.params.loads == "tma_host":
             args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
             args.append(lse)
@@ -291,7 +291,7 @@ class Launch:
         if self.spec.fp8:
             args[5:5] = [d[0] for d in descales]  # after LSE, before any stride
             args += [s for d in descales for s in d[1:]]
-        return kernel, [*args, *self.scalars], self.constexprs
+        return kernel, [*args, *self.scalars], compat.codegen(self.constexprs)
 
 
 def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False,
