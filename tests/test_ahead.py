@@ -63,9 +63,9 @@ def test_defaults_compile_for_sm90_and_sm80():
         for name, (registers, spill) in kernels.items():
             assert 0 < registers <= 255, (arch, direction, d, name)
             # Forward: the fastest measured D=128 tile spills 104 B; tiles spilling 2 KB ran at
-            # a third of its speed (docs/perf-notes.md). Backward: the measured winners spill
+            # a third of its speed (the notebook). Backward: the measured winners spill
             # 350-650 B in dK/dV as the GPU compiles them (D=128 causal, D=64 causal) and beat
-            # every spill-free tile by 1.2-3.5x (perf-notes v11), while window + softcap variants
+            # every spill-free tile by 1.2-3.5x (notebook v11), while window + softcap variants
             # of the same tiles spill more. Either way a default must stay clear of 2 KB.
             if name in ("attn_bwd_delta", "attn_bwd_dq_store"):  # memory-bound: occupancy is their speed
                 assert registers <= 128 and spill == 0, (arch, d, name, registers, spill)

@@ -88,7 +88,7 @@ def test_defaults_fit_every_arch_and_head_dim():
 
 
 def test_sm90_short_causal_defaults_use_short_query_tiles():
-    # Measured on the H200 (docs/perf-notes.md v6): causal cells up to 1k (D=64) and
+    # Measured on the H200 (the notebook v6): causal cells up to 1k (D=64) and
     # 2k (D=128) tokens run faster with 64-row tiles; longer and unmasked ones do not.
     for d, longest in ((64, 1024), (128, 2048)):
         causal, full = KernelSpec(head_dim=d, mask="causal"), KernelSpec(head_dim=d)
@@ -99,7 +99,7 @@ def test_sm90_short_causal_defaults_use_short_query_tiles():
 
 
 def test_sm90_backward_defaults_follow_the_tuned_winners():
-    # The H200 backward tuning runs (docs/perf-notes.md v11)
+    # The H200 backward tuning runs (the notebook v11)
     bwd = lambda d, mask="none": KernelSpec(direction="bwd", head_dim=d, mask=mask)  # noqa: E731
     assert default_params(bwd(128, "causal"), "sm90", 1024).label() == "m64 n16 w4 s3 tma_host"
     assert default_params(bwd(128, "causal"), "sm90", 2048).label() == "m128 n32 w8 s3 pointer"

@@ -119,7 +119,7 @@ def test_renders_readable_gluon_with_its_knobs_and_launch():
 
 
 def test_the_softmax_runs_under_p_at_v_only_where_it_measured_faster():
-    # perf-notes v59c: that schedule hands a V slot back a step later, which two stages cannot
+    # notebook v59c: that schedule hands a V slot back a step later, which two stages cannot
     # spare (4-8% slower there) and three can with two partitions on 128 x 128 tiles (4-6.5%
     # faster; 128 x 64 with three: 0.97-1.02x); fp8 ran slower with it on both
     for dtype in ("fp16", "bf16", "fp8e4m3"):
@@ -133,7 +133,7 @@ def test_the_softmax_runs_under_p_at_v_only_where_it_measured_faster():
 
 
 def test_fp8_wide_steps_wait_for_p_at_v_before_the_next_scores():
-    # perf-notes v63: 64 x 256 scores take 128 registers a thread; with P and acc also in
+    # notebook v63: 64 x 256 scores take 128 registers a thread; with P and acc also in
     # flight ptxas spilled 1.9 KB, so on 256-key steps the two matmuls take turns.
     spec = KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")
     whole = render(spec, WS2.replace(block_n=256), name="x")
@@ -231,13 +231,13 @@ _CHILD = textwrap.dedent(r"""
 
 # The candidates allowed to spill, by at most this much: one persistent program an SM on
 # 128 x 128 tiles, whose tile loop holds a few more values, which on short sequences measured
-# 1.05-1.12x the shipped configs all the same (perf-notes v54); with three stages it spills
+# 1.05-1.12x the shipped configs all the same (notebook v54); with three stages it spills
 # 72 B (v62), 100 B with two Q slots (v69, faster all the same), none of it in the key loops
 # (benchmarks/sass_loops.py: no local loads there).
 # Three programs an SM on 64 x 64 tiles, each compute warp group at 136 registers (an
 # 80-register launch): 32 B without a mask, read back once a tile, none in the key loops
 # (benchmarks/sass_loops.py), and ran 1.05-1.08x the two-program form there all the same
-# (perf-notes, "three programs an SM, each on an 80-register launch").
+# (notebook, "three programs an SM, each on an 80-register launch").
 SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 100,
                  "m64 n64 w4 s3 tma_host persistent3 gluon1": 32}
 
@@ -259,7 +259,7 @@ def test_compiles_for_sm90_without_spills():
         # the estimate would let the tuner compile variants that cannot launch
         assert 0 <= k["shared"] - k["estimate"] <= 1024, k
         # In the overlap form (two partitions, 128 x 128 tiles, three stages, 16-bit) block
-        # j's softmax runs while block j-1's P @ V is on the tensor cores (perf-notes v59,
+        # j's softmax runs while block j-1's P @ V is on the tensor cores (notebook v59,
         # v59c): a branch in the key loop or a barrier after the wait for P @ V had ptxas wait
         # for it before the first exponential.
         if k["overlap"]:
@@ -280,7 +280,7 @@ def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
     fp8 = Bucket.parse("fwd/fp8e4m3/d128/none/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, fp8.kernel_spec(), fp8) == [p for p in GLUON_FP8_CANDIDATES + GLUON_CANDIDATES
                                                                if p != three]
-    # the 256-key steps: one persistent program an SM at most (two do not fit, perf-notes v64)
+    # the 256-key steps: one persistent program an SM at most (two do not fit, notebook v64)
     wide = GLUON_FP8_CANDIDATES[0]
     assert prune_reason(space, fp8.kernel_spec(), fp8, wide) is None
     assert prune_reason(space, fp8.kernel_spec(), fp8, wide.replace(persistent=1)) is None

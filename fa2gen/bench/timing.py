@@ -61,7 +61,7 @@ def warm_window(fn) -> list[float]:
     ``fn``'s own calls. Each provider is timed at the clocks its own load settles at,
     whatever ran before it. A warm-up by a foreign load (fp16 matmuls) left the window at that
     load's clocks: under the power limit the fp8 forward then read 10-18% slower, cuDNN
-    3-15% (perf-notes, "Probe: the window's warm-up")."""
+    3-15% on the H200, shifting the ratios."""
     from triton.testing import do_bench
 
     warm_with(fn)
@@ -75,9 +75,8 @@ def time_in_rounds(calls: dict, window, rounds: int = ROUNDS) -> dict:
     The providers take turns, the order reversed every other round, so that each provider's
     windows sit at the same average place in the cell: the GPU's clocks drift by 5-15% over
     seconds, and with one window per provider a slow stretch decided a cell for whichever
-    provider it fell on (perf-notes, "The bench timed in rounds"). ``window(fn)`` returns a
-    window's run times; the bench passes ``warm_window``, CPU tests a stand-in that
-    records the order.
+    provider it fell on. ``window(fn)`` returns a window's run times; the bench passes
+    ``warm_window``, CPU tests a stand-in that records the order.
     """
     if type(rounds) is not int or rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")

@@ -185,7 +185,7 @@ class TuningParams:
 # The backward's memory-bound passes (delta = rowsum(dO * O), and the atomic path's dQ
 # store) take their own small tiles: at the matmul kernels' 128 rows they held 2 x 128 x D
 # values per 128 threads, which starves a pass that only streams memory of occupancy.
-# 2048 elements per 4-warp program: 32 registers (ptxas for sm90, benchmarks/results/registers-bwd-sm90.json).
+# 2048 elements per 4-warp program: 32 registers (ptxas for sm90, benchmarks/registers.py).
 PASS_WARPS = 4
 
 
@@ -255,17 +255,18 @@ def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
 def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
     """Whether the Gluon forward runs each block's softmax under the previous block's P @ V
     (the template's ``overlap``): two partitions on 128 x 128 tiles, three stages or more,
-    16-bit. Only where it measured faster on the H200 (perf-notes v59c, 4-6.5%): with two
-    stages it ran 4-8% slower, on 128 x 64 tiles with three 0.97-1.02x, in fp8 slower with
-    either."""
+    16-bit. Only where it measured faster on the H200 (4-6.5%): V's slot goes back a step
+    later, which a two-stage ring cannot spare (4-8% slower there); on 128 x 64 tiles with
+    three stages it ran 0.97-1.02x, in fp8 slower with either."""
     return (spec.direction == "fwd" and params.gluon == 2 and params.block_m == 128 and params.block_n == 128
             and params.num_stages >= 3 and not spec.fp8)
 
 
 def gluon_wide(spec: KernelSpec, params: TuningParams) -> bool:
-    """Whether the Gluon forward takes fp8's 256-key steps (the template's ``wide``, perf-notes
-    v63), on two 64-row partitions: 64 x 256 scores take 128 registers a thread, so P @ V and
-    the next scores' matmul take turns."""
+    """Whether the Gluon forward takes fp8's 256-key steps (the template's ``wide``), on two
+    64-row partitions: each step's fixed costs are spread over twice the keys. 64 x 256 scores
+    take 128 registers a thread, so P @ V and the next scores' matmul take turns (with both in
+    flight the registers spilled)."""
     return spec.direction == "fwd" and spec.fp8 and params.block_n == 256 and params.gluon == 2
 
 

@@ -1,7 +1,7 @@
 """Heuristic default tuning params per arch: what runs when nothing tuned applies.
 
-The sm90 table was chosen by measuring a sweep on an H200 (see docs/perf-notes.md);
-other arches use conservative pointer-load tiles shrunk to fit their shared memory.
+The sm90 table was chosen by measuring a sweep on an H200; other arches use conservative
+pointer-load tiles shrunk to fit their shared memory.
 """
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from ..generator.spec import KernelSpec, TuningParams, next_pow2
 # sweep found the same winners with and without the causal mask; short causal problems
 # have their own table below.
 _SM90 = [
-    # Sweep of 28 variants per spec on the FA2 grid (benchmarks/results/sweep-fwd-h200-fp16.json):
-    # D=64 prefers short, wide tiles (64x128); D=128 prefers 128x64 with two stages.
-    # Host descriptors beat in-kernel ones and pointers on all 24 fp16 cells' geomean
-    # (benchmarks/results/loads-ab.json: 372 vs 340 vs 296 TFLOP/s end to end).
+    # Sweep of 28 variants per spec on the FA2 grid (fp16, H200): D=64 prefers short, wide
+    # tiles (64x128); D=128 prefers 128x64 with two stages. Host descriptors beat in-kernel
+    # ones and pointers on all 24 fp16 cells' geomean (372 vs 340 vs 296 TFLOP/s end to end):
+    # building and fencing descriptors in the kernel costs more GPU time than it saves the host.
     (64, TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=2, loads="tma_host")),
     (128, TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma_host")),
-    # D=256 (benchmarks/results/loads-ab.json, B=4 H=8 N=4096): 128x64 with 8 warps ran 532/451
-    # TFLOP/s (full/causal) against 416/356 for 64x64 with 4 warps.
+    # D=256 (H200, B=4 H=8 N=4096): a 64x256 fp32 accumulator starves 4 warps of registers;
+    # 128x64 with 8 warps ran 532/451 TFLOP/s (full/causal) against 416/356 for 64x64 with 4.
     (256, TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host")),
 ]
 
 # Causal problems with short queries: each query block sees few key blocks, so shorter
 # query tiles (more programs, less diagonal waste) win. Measured end to end on the
-# canonical fp16 cells (benchmarks/results/overhead.json; docs/perf-notes.md v6):
+# canonical fp16 cells on the H200 (benchmarks/overhead.py):
 # D=64: 64x64 s2 228 vs 212 TFLOP/s at N=512, 294 vs 289 at 1024 (64x128 wins above);
 # D=128: 64x64 s3 253 vs 234 at N=512, 340 vs 320 at 1024, 402 vs 378 at 2048
 # (128x64 wins at 4096). Keyed by (head_dim_padded bound, longest bucket query length).
@@ -35,9 +35,9 @@ _SM90_SHORT_CAUSAL = [
     (128, 2048, TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host")),
 ]
 
-# fp8 (e4m3) at 64 < D <= 128 (benchmarks/results/fp8-paths-torchcopy-h200.txt, B*N = 16k, D=128, N=4k and
-# 16k): 128 x 64 with 4 warps and 3 stages ran 712 and 734 TFLOP/s, against 680 and 730 at 2
-# stages, 643 and 688 for 128 x 128 w8 s3. Other head dims take the fp16 table until measured.
+# fp8 (e4m3) at 64 < D <= 128 (H200, B*N = 16k, D=128, N=4k and 16k): 128 x 64 with 4 warps
+# and 3 stages ran 712 and 734 TFLOP/s, against 680 and 730 at 2 stages, 643 and 688 for
+# 128 x 128 w8 s3. Other head dims take the fp16 table until measured.
 _SM90_FP8 = [
     (64, None),
     (128, TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=3, loads="tma_host")),
@@ -51,9 +51,9 @@ _AMPERE = [
 
 # Backward (block_m: rows a program owns, block_n: rows its loop steps through). On sm90
 # these are the winners of the H200 tuning runs of the backward buckets (fp16 and bf16,
-# D 64/128/256, causal on and off, N 512-16k; benchmarks/results/tuning/): at D=64, 4 warps
-# with 4 stages and host descriptors (3 stages and pointers when causal) won the bf16
-# buckets once the space held 4-5 stages, 1.14-1.32x over 8 warps; at D=128, 128 x 32 with
+# D 64/128/256, causal on and off, N 512-16k): at D=64, 4 warps with 4 stages and host
+# descriptors (3 stages and pointers when causal) won the bf16 buckets once the space held
+# 4-5 stages, 1.14-1.32x over 8 warps; at D=128, 128 x 32 with
 # 8 warps, 3 stages and pointers won 19 of 24 buckets; at D=256, 16 x 32 with 4 warps and
 # host descriptors won all 12. The spill-free tiles first picked from ptxas register counts
 # alone (64 x 16, host descriptors) ran 2.1-3.5x slower at D=128: 16-row matmuls cost more
