@@ -34,8 +34,13 @@ def normalised(source: str) -> str:
     tree = ast.parse(source)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
@@ -43,7 +48,9 @@ def normalised(source: str) -> str:
 # Renders (bucket key, params) pairs read as JSON from stdin with whichever fa2gen is first on
 # the path, and prints each variant's normalised code (null where it no longer renders). The
 # generated name is fixed: it derives from the template hash, which differs by design.
-_RENDER = inspect.getsource(normalised) + r"""
+_RENDER = (
+    inspect.getsource(normalised)
+    + r"""
 import json, sys
 from fa2gen.generator.rendering import render
 from fa2gen.generator.spec import SpecError, TuningParams
@@ -57,6 +64,7 @@ for key, params in json.load(sys.stdin):
         out.append(None)
 print(json.dumps(out))
 """
+)
 
 
 def rendered(pairs: list, package_root: str | None) -> list:
@@ -67,8 +75,14 @@ def rendered(pairs: list, package_root: str | None) -> list:
         import fa2gen
 
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(fa2gen.__file__)))
-    done = subprocess.run([sys.executable, "-c", _RENDER], input=json.dumps(pairs), capture_output=True,
-                          text=True, check=True, cwd=package_root)
+    done = subprocess.run(
+        [sys.executable, "-c", _RENDER],
+        input=json.dumps(pairs),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=package_root,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -108,14 +122,17 @@ def main() -> None:
         else:
             dropped.append(e)
     others = [e for e in config.entries if e.bucket.direction != args.direction]
-    text = yamlfile.dump(others + kept, arch=config.arch, fa2gen_version=__version__,
-                         torch_version=config.meta["torch"])
+    text = yamlfile.dump(
+        others + kept, arch=config.arch, fa2gen_version=__version__, torch_version=config.meta["torch"]
+    )
     with open(args.output, "w") as f:
         f.write(text)
     for e in dropped:
         print(f"needs tuning again: {e.bucket.key} ({e.params.label()})", file=sys.stderr)
-    print(f"{args.direction}: {len(kept)} of {len(ours)} entries carried over to template hash {new_hash}; "
-          f"{len(dropped)} changed")
+    print(
+        f"{args.direction}: {len(kept)} of {len(ours)} entries carried over to template hash {new_hash}; "
+        f"{len(dropped)} changed"
+    )
 
 
 if __name__ == "__main__":

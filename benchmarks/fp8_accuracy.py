@@ -35,7 +35,11 @@ def quantize(x: torch.Tensor, per_head: bool):
 
 def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
     d = (out.float() - ref).abs()
-    return {"max": d.max().item(), "mean": d.mean().item(), "rel_rms": (d.square().mean() / ref.square().mean()).sqrt().item()}
+    return {
+        "max": d.max().item(),
+        "mean": d.mean().item(),
+        "rel_rms": (d.square().mean() / ref.square().mean()).sqrt().item(),
+    }
 
 
 def main() -> None:
@@ -55,23 +59,43 @@ def main() -> None:
 
                 with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
                     ref = F.scaled_dot_product_attention(*x, is_causal=causal)
-                row = {"D": d, "N": n, "B": b, "H": h, "causal": causal,
-                       "bf16": errors(fa2gen.attention(*(t.bfloat16() for t in x), causal=causal), ref)}
+                row = {
+                    "D": d,
+                    "N": n,
+                    "B": b,
+                    "H": h,
+                    "causal": causal,
+                    "bf16": errors(fa2gen.attention(*(t.bfloat16() for t in x), causal=causal), ref),
+                }
                 for per_head in (False, True):
                     q8, k8, v8 = (quantize(t, per_head) for t in x)
                     scales = (q8[1], k8[1], v8[1])
-                    out, lse = fa2gen.attention(q8[0], k8[0], v8[0], causal=causal, return_lse=True,
-                                                descale_q=scales[0], descale_k=scales[1], descale_v=scales[2])
+                    out, lse = fa2gen.attention(
+                        q8[0],
+                        k8[0],
+                        v8[0],
+                        causal=causal,
+                        return_lse=True,
+                        descale_q=scales[0],
+                        descale_k=scales[1],
+                        descale_v=scales[2],
+                    )
                     problem = make_problem(q8[0], k8[0], v8[0], causal=causal)
-                    verdict = check_forward(q8[0], k8[0], v8[0], problem, out, lse,
-                                            descales=check_descales(problem, out.device, *scales))
+                    verdict = check_forward(
+                        q8[0], k8[0], v8[0], problem, out, lse, descales=check_descales(problem, out.device, *scales)
+                    )
                     key = "fp8_per_head" if per_head else "fp8_per_tensor"
                     row[key] = {**errors(out, ref), "rule": str(verdict), "rule_ok": verdict.ok}
                 rows.append(row)
-                print(f"D={d} N={n} {'causal' if causal else 'full'}: " + ", ".join(
-                    f"{k} max {row[k]['max']:.2e} rel-rms {row[k]['rel_rms']:.2e}"
-                    for k in ("bf16", "fp8_per_tensor", "fp8_per_head"))
-                    + f"; fp8 rule {row['fp8_per_tensor']['rule_ok']}/{row['fp8_per_head']['rule_ok']}", flush=True)
+                print(
+                    f"D={d} N={n} {'causal' if causal else 'full'}: "
+                    + ", ".join(
+                        f"{k} max {row[k]['max']:.2e} rel-rms {row[k]['rel_rms']:.2e}"
+                        for k in ("bf16", "fp8_per_tensor", "fp8_per_head")
+                    )
+                    + f"; fp8 rule {row['fp8_per_tensor']['rule_ok']}/{row['fp8_per_head']['rule_ok']}",
+                    flush=True,
+                )
                 del x, ref
                 torch.cuda.empty_cache()
     if args.out:

@@ -52,8 +52,9 @@ def main() -> None:
 
     rows = []
     for n in map(int, args.seqlens.split(",")):
-        q, k, v = (torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
         dout = torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16)
         inputs = 3 * q.numel() * q.element_size()
         row = {"seqlen": n, "inputs_bytes": inputs}
@@ -63,12 +64,16 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         del q, k, v, dout
     with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "shape": "B=1 H=16 D=128 causal bf16", "rows": rows},
-                  f, indent=1)
+        json.dump(
+            {"device": torch.cuda.get_device_name(), "shape": "B=1 H=16 D=128 causal bf16", "rows": rows}, f, indent=1
+        )
     print(f"{'N':>6} {'fa2gen MiB':>11} {'per token KiB':>14} {'sdpa-math MiB':>14}")
     for r in rows:
         mine, other = r["fa2gen"], r["sdpa-math"]
-        fmt = lambda x: f"{x / 2**20:11.1f}" if isinstance(x, int) else f"{x:>11}"
+
+        def fmt(x):
+            return f"{x / 2**20:11.1f}" if isinstance(x, int) else f"{x:>11}"
+
         per = f"{mine / r['seqlen'] / 1024:14.2f}" if isinstance(mine, int) else "-"
         print(f"{r['seqlen']:6d} {fmt(mine)} {per} {fmt(other):>14}")
 

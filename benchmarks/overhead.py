@@ -3,8 +3,8 @@
 For the short canonical cells, times fa2gen.attention() end to end and as a CUDA-graph
 replay (pure GPU time), and the host cost of one call three ways: attention(),
 forward() (launch without validation and dispatch) and the bare Triton launch of the
-same kernel (``jit_launch``: Triton's dispatch and launcher only). Then a handful of tile configs, end to end and by graph replay, to choose the
-defaults of short cells. Writes JSON and prints a table.
+same kernel (``jit_launch``: Triton's dispatch and launcher only). Then a handful of tile
+configs, end to end and by graph replay, to choose the defaults of short cells. Writes JSON and prints a table.
 
 usage: python benchmarks/overhead.py OUT.json
 """
@@ -27,13 +27,22 @@ from fa2gen.runtime.launch import Launch, forward
 from fa2gen.runtime.problem import make_problem
 
 CELLS = [
-    (64, False, 512), (64, True, 512), (128, False, 512), (128, True, 512),
-    (64, True, 1024), (128, False, 1024), (128, True, 1024), (128, True, 2048),
+    (64, False, 512),
+    (64, True, 512),
+    (128, False, 512),
+    (128, True, 512),
+    (64, True, 1024),
+    (128, False, 1024),
+    (128, True, 1024),
+    (128, True, 2048),
 ]
 CONFIGS = [
-    TuningParams(64, 128, 4, 2, "tma_host"), TuningParams(128, 64, 4, 2, "tma_host"),
-    TuningParams(64, 64, 4, 2, "tma_host"), TuningParams(64, 64, 4, 3, "tma_host"),
-    TuningParams(64, 32, 4, 3, "tma_host"), TuningParams(128, 32, 4, 3, "tma_host"),
+    TuningParams(64, 128, 4, 2, "tma_host"),
+    TuningParams(128, 64, 4, 2, "tma_host"),
+    TuningParams(64, 64, 4, 2, "tma_host"),
+    TuningParams(64, 64, 4, 3, "tma_host"),
+    TuningParams(64, 32, 4, 3, "tma_host"),
+    TuningParams(128, 32, 4, 3, "tma_host"),
     TuningParams(64, 64, 4, 3, "pointer"),
 ]
 
@@ -76,8 +85,13 @@ def main(out_path):
         q, k, v = make_inputs(case, torch.device("cuda"))
         pr = make_problem(q, k, v, causal=causal)
         params = select_params(pr, cuda_device_info(torch.cuda.current_device()))
-        tf = lambda ms: round(case.flops() / ms / 1e9, 1)
-        call = lambda: fa2gen.attention(q, k, v, causal=causal)
+
+        def tf(ms, case=case):
+            return round(case.flops() / ms / 1e9, 1)
+
+        def call(q=q, k=k, v=v, causal=causal):
+            return fa2gen.attention(q, k, v, causal=causal)
+
         row = {
             "cell": case.label(),
             "default": params.to_dict(),
@@ -104,8 +118,10 @@ def main(out_path):
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     print(f"{'cell':40s} {'e2e':>6} {'e2e_jit':>7} {'graph':>6} {'host_att':>8} {'host_fwd':>8} {'host_jit':>8}")
     for r in rows:
-        print(f"{r['cell']:40s} {r['e2e']:6} {r.get('e2e_jit', '-'):7} {r['graph']:6} {r['host_us_attention']:8} "
-              f"{r['host_us_forward']:8} {r.get('host_us_jit', '-'):8}")
+        print(
+            f"{r['cell']:40s} {r['e2e']:6} {r.get('e2e_jit', '-'):7} {r['graph']:6} {r['host_us_attention']:8} "
+            f"{r['host_us_forward']:8} {r.get('host_us_jit', '-'):8}"
+        )
     for r in rows:
         best = sorted(((v, k) for k, v in r["configs_e2e"].items() if isinstance(v, float)), reverse=True)[:3]
         print(f"{r['cell']:40s} best e2e: {best}")

@@ -25,12 +25,15 @@ def resources(job) -> dict:
     from fa2gen.generator.spec import KernelSpec, TuningParams
 
     try:
-        found = compile_for(KernelSpec(direction=direction, head_dim=head_dim, mask=mask),
-                            TuningParams.from_dict(params_data), arch)
+        found = compile_for(
+            KernelSpec(direction=direction, head_dim=head_dim, mask=mask), TuningParams.from_dict(params_data), arch
+        )
     except Exception as e:  # a variant the compiler rejects is an answer too
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[-1][:160] if str(e) else ''}"}
-    return {name: {"registers": r.registers, "spill_bytes": r.spill_bytes, "shared": r.shared_bytes}
-            for name, r in found.items()}
+    return {
+        name: {"registers": r.registers, "spill_bytes": r.spill_bytes, "shared": r.shared_bytes}
+        for name, r in found.items()
+    }
 
 
 def main() -> None:
@@ -56,13 +59,22 @@ def main() -> None:
         results = list(pool.map(resources, jobs))
     rows = [{"head_dim": j[1], "params": j[3], "kernels": r} for j, r in zip(jobs, results)]
     with open(args.out, "w") as f:
-        json.dump({"arch": args.arch, "direction": args.direction, "mask": args.mask, "loads": args.loads,
-                   "rows": rows}, f, indent=1)
+        json.dump(
+            {"arch": args.arch, "direction": args.direction, "mask": args.mask, "loads": args.loads, "rows": rows},
+            f,
+            indent=1,
+        )
     for row in rows:
         p = row["params"]
         kernels = row["kernels"]
-        cells = kernels["error"] if "error" in kernels else "  ".join(
-            f"{k}: {v['registers']} regs, {v['spill_bytes']} B spilled, {v['shared']} B smem" for k, v in kernels.items())
+        cells = (
+            kernels["error"]
+            if "error" in kernels
+            else "  ".join(
+                f"{k}: {v['registers']} regs, {v['spill_bytes']} B spilled, {v['shared']} B smem"
+                for k, v in kernels.items()
+            )
+        )
         print(f"D={row['head_dim']:3d} m{p['block_m']} n{p['block_n']} w{p['num_warps']} s{p['num_stages']}  {cells}")
 
 

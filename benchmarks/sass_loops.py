@@ -42,11 +42,18 @@ def loop_stats(sass: str) -> list[dict]:
         branch = re.search(r"BRA\s+.*?(\.L_x_\d+)", ins)
         start = labels.get(branch.group(1)) if branch else None
         if start is not None and start < end:
-            span = body[start:end + 1]
+            span = body[start : end + 1]
             hgmma = sum("HGMMA" in x or "QGMMA" in x for x in span)
             if hgmma:
-                loops.append({"instructions": len(span), "hgmma": hgmma, "ldl": sum("LDL" in x for x in span),
-                              "ex2": sum("MUFU.EX2" in x for x in span), "ex2_in_flight": ex2_in_flight(span)})
+                loops.append(
+                    {
+                        "instructions": len(span),
+                        "hgmma": hgmma,
+                        "ldl": sum("LDL" in x for x in span),
+                        "ex2": sum("MUFU.EX2" in x for x in span),
+                        "ex2_in_flight": ex2_in_flight(span),
+                    }
+                )
     return loops
 
 
@@ -82,10 +89,15 @@ def analyse(direction: str, head_dim: int, mask: str, params, arch: str = "sm90"
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")
             report = ahead.assemble(kernel, arch, cubin, name=name)
-            sass = subprocess.run([ahead.nvidia_tool("nvdisasm"), "-c", cubin],
-                                  capture_output=True, text=True, check=True).stdout
-        out[name] = {"spill_bytes": ahead.spill_bytes(report), "losses": ahead.performance_losses(report), "loops": loop_stats(sass),
-                     "opcodes": opcode_counts(sass)}
+            sass = subprocess.run(
+                [ahead.nvidia_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True
+            ).stdout
+        out[name] = {
+            "spill_bytes": ahead.spill_bytes(report),
+            "losses": ahead.performance_losses(report),
+            "loops": loop_stats(sass),
+            "opcodes": opcode_counts(sass),
+        }
     return out
 
 
@@ -99,15 +111,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--arch", default="sm90")
     ap.add_argument("--opcodes", action="store_true", help="also count instructions by opcode")
-    ap.add_argument("params", nargs="+",
-                    help="block_m,block_n,num_warps,num_stages,loads[,dq_mode[,persistent[,gluon]]]")
+    ap.add_argument(
+        "params", nargs="+", help="block_m,block_n,num_warps,num_stages,loads[,dq_mode[,persistent[,gluon]]]"
+    )
     args = ap.parse_args()
     for text in args.params:
         fields = [int(f) if f.isdigit() else f for f in text.split(",")]
         params = TuningParams(*fields)
         for name, r in analyse(args.direction, args.head_dim, args.mask, params, args.arch, args.dtype).items():
-            loops = "  ".join(f"[{x['instructions']} ins, {x['hgmma']} HGMMA, {x['ldl']} LDL, "
-                              f"{x['ex2_in_flight']}/{x['ex2']} EX2 under a matmul]" for x in r["loops"])
+            loops = "  ".join(
+                f"[{x['instructions']} ins, {x['hgmma']} HGMMA, {x['ldl']} LDL, "
+                f"{x['ex2_in_flight']}/{x['ex2']} EX2 under a matmul]"
+                for x in r["loops"]
+            )
             warn = "".join(f"  ptxas {loss}" for loss in r["losses"])
             print(f"D={args.head_dim} {args.mask} {params.label()} {name}: spills {r['spill_bytes']} B{warn}  {loops}")
             if args.opcodes:

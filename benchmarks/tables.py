@@ -24,13 +24,19 @@ ONE_WINDOW = "one do_bench window per provider, after 100 ms of matmuls"
 def anchor_section(results, provider: str) -> str:
     """``provider`` against the Triton tutorial's reference figures, raw and cuDNN-bridged."""
     anchors = json.loads(ANCHORS.read_text())
-    lines = [f"| cell | {provider} | tutorial | {provider} / tutorial | cuDNN here / cuDNN there |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"| cell | {provider} | tutorial | {provider} / tutorial | cuDNN here / cuDNN there |",
+        "|---|---|---|---|---|",
+    ]
     raw, bridged = [], []
     for r in results:
         cell = anchors["cells"].get(f"{r.case.head_dim}-{'causal' if r.case.causal else 'full'}")
-        if (r.case.dtype != "fp16" or cell is None or r.case.seqlen not in anchors["seqlens"]
-                or provider not in r.tflops):
+        if (
+            r.case.dtype != "fp16"
+            or cell is None
+            or r.case.seqlen not in anchors["seqlens"]
+            or provider not in r.tflops
+        ):
             continue
         i = anchors["seqlens"].index(r.case.seqlen)
         mine, tut = r.tflops[provider], cell["triton-tutorial"][i]
@@ -41,21 +47,37 @@ def anchor_section(results, provider: str) -> str:
     if not raw:
         return ""
     lines.append("")
-    lines.append(f"Geomean {provider} / tutorial figures: **{geomean(raw):.3f}**; with each tutorial figure scaled by "
-                 f"how fast cuDNN ran here relative to the reference run: **{geomean(bridged):.3f}**.")
+    lines.append(
+        f"Geomean {provider} / tutorial figures: **{geomean(raw):.3f}**; with each tutorial figure scaled by "
+        f"how fast cuDNN ran here relative to the reference run: **{geomean(bridged):.3f}**."
+    )
     return "\n".join(lines)
 
 
 SHIPPED = Path(__file__).parent.parent / "tuned_configs" / "sm90"
 RESULTS = "benchmarks/results"
 # What docs/benchmarks.md is built from, in its order (paths from the repository root).
-SOURCES = [f"{RESULTS}/{name}.json" for name in (
-    "bench-fwd-fp16", "bench-fwd-bf16", "bench-fwd-fp8", "rounds-own-warm/bench-fwd-fp8e4m3-d128",
-    "bench-bwd-fp16", "bench-bwd-bf16", "bench-fwdbwd-fp16", "bench-fwdbwd-bf16",
-    "triton-versions-h100/fwd-triton-3.6.0", "triton-versions-h100/fwd-triton-3.9.0",
-    "triton-versions-h100/bwd-triton-3.6.0", "triton-versions-h100/bwd-triton-3.9.0",
-    "triton-versions-h100/fwd-triton-3.6.0-h100-tuned", "triton-versions-h100/fwd-triton-3.9.0-h100-tuned",
-    "triton-versions-h100/bwd-triton-3.6.0-h100-tuned", "triton-versions-h100/bwd-triton-3.9.0-h100-tuned")]
+SOURCES = [
+    f"{RESULTS}/{name}.json"
+    for name in (
+        "bench-fwd-fp16",
+        "bench-fwd-bf16",
+        "bench-fwd-fp8",
+        "rounds-own-warm/bench-fwd-fp8e4m3-d128",
+        "bench-bwd-fp16",
+        "bench-bwd-bf16",
+        "bench-fwdbwd-fp16",
+        "bench-fwdbwd-bf16",
+        "triton-versions-h100/fwd-triton-3.6.0",
+        "triton-versions-h100/fwd-triton-3.9.0",
+        "triton-versions-h100/bwd-triton-3.6.0",
+        "triton-versions-h100/bwd-triton-3.9.0",
+        "triton-versions-h100/fwd-triton-3.6.0-h100-tuned",
+        "triton-versions-h100/fwd-triton-3.9.0-h100-tuned",
+        "triton-versions-h100/bwd-triton-3.6.0-h100-tuned",
+        "triton-versions-h100/bwd-triton-3.9.0-h100-tuned",
+    )
+]
 MEMORY = f"{RESULTS}/memory-h200.json"
 TRAIN = f"{RESULTS}/train-gpt-h200.json"
 
@@ -71,26 +93,37 @@ def tuned_section(path: Path) -> str:
     fp8 = [e for e in fwd if e.bucket.dtype == "fp8e4m3"]  # all of them, square or not
     short = [e for e in fwd if e.bucket.seqlen_q != e.bucket.seqlen_k and e.bucket.dtype != "fp8e4m3"]
     bwd = [e for e in cfg.entries if e.bucket.direction == "bwd"]
-    lines = [f"`{path.relative_to(Path.cwd())}`: {len(cfg.entries)} buckets, device {cfg.meta['device']}, "
-             f"triton {cfg.meta['triton']}, torch {cfg.meta['torch']}, {cfg.meta['date'][:10]}. "
-             "Speedup = the default config's median time over the tuned config's, both measured in the bucket's study "
-             "(representative problem, do_bench median, L2 flushed), against the default of the day the bucket was "
-             "tuned.\n"]
+    lines = [
+        f"`{path.relative_to(Path.cwd())}`: {len(cfg.entries)} buckets, device {cfg.meta['device']}, "
+        f"triton {cfg.meta['triton']}, torch {cfg.meta['torch']}, {cfg.meta['date'][:10]}. "
+        "Speedup = the default config's median time over the tuned config's, both measured in the bucket's study "
+        "(representative problem, do_bench median, L2 flushed), against the default of the day the bucket was "
+        "tuned.\n"
+    ]
     from fa2gen.generator.rendering import template_hash
 
     for direction, digest in sorted(cfg.meta["template_hash"].items()):
         if digest != template_hash(direction):
-            lines.append(f"- The {direction} entries were tuned against an earlier {direction} template (hash {digest}): "
-                         "the run-time lookup skips them until that direction is tuned again.")
-    for name, group in (("forward fp16/bf16, canonical square buckets (N = 512 ... 16k)", square),
-                        ("forward fp8 (e4m3) buckets", fp8),
-                        ("forward, short-query buckets (Nq = 1 ... 256, Nk = 8192)", short),
-                        ("backward, canonical square buckets (N = 512 ... 16k)", bwd)):
+            lines.append(
+                f"- The {direction} entries were tuned against an earlier {direction} template (hash {digest}): "
+                "the run-time lookup skips them until that direction is tuned again."
+            )
+    for name, group in (
+        ("forward fp16/bf16, canonical square buckets (N = 512 ... 16k)", square),
+        ("forward fp8 (e4m3) buckets", fp8),
+        ("forward, short-query buckets (Nq = 1 ... 256, Nk = 8192)", short),
+        ("backward, canonical square buckets (N = 512 ... 16k)", bwd),
+    ):
         ups = [e.speedup for e in group if e.speedup]
         if ups:
-            lines.append(f"- {name}: {len(group)} buckets, geomean speedup over the default **{geomean(ups):.3f}**, "
-                         f"{sum(u > 1.02 for u in ups)} above 1.02, best {max(ups):.2f}")
-    key = lambda e: (e.bucket.direction, e.bucket.dtype, e.bucket.head_dim, e.bucket.mask, e.bucket.seqlen_q)
+            lines.append(
+                f"- {name}: {len(group)} buckets, geomean speedup over the default **{geomean(ups):.3f}**, "
+                f"{sum(u > 1.02 for u in ups)} above 1.02, best {max(ups):.2f}"
+            )
+
+    def key(e):
+        return e.bucket.direction, e.bucket.dtype, e.bucket.head_dim, e.bucket.mask, e.bucket.seqlen_q
+
     lines += ["", "| bucket | tuned config | TFLOP/s | vs default |", "|---|---|---|---|"]
     for e in sorted(short + bwd, key=key):
         lines.append(f"| {e.bucket.key} | {e.params.label()} | {e.measurement.tflops:.0f} | {e.speedup:.2f} |")
@@ -108,8 +141,10 @@ def _comparisons(results, providers) -> list[str]:
             if both:
                 ratios = [r.tflops[mine] / r.tflops[other] for r in both]
                 wins = sum(x >= 1 for x in ratios)
-                lines.append(f"- {mine} / {other}: geomean {geomean(ratios):.3f}, at or above on {wins} of {len(both)} "
-                             f"cells, lowest {min(ratios):.2f}")
+                lines.append(
+                    f"- {mine} / {other}: geomean {geomean(ratios):.3f}, at or above on {wins} of {len(both)} "
+                    f"cells, lowest {min(ratios):.2f}"
+                )
     return lines
 
 
@@ -120,8 +155,9 @@ def bench_section(path: str) -> None:
     title = " / ".join(MODE_TITLES.get(m, m) for m in modes)
     print(f"## {title}: {', '.join(dtypes)} on {env['device']} ({env['date'][:10]})\n")
     timing = env.get("timing", ONE_WINDOW)
-    print(f"torch {env['torch']}, triton {env['triton']}, fa2gen {env['fa2gen']}. Timing: {timing}. "
-          f"Source: `{path}`.\n")
+    print(
+        f"torch {env['torch']}, triton {env['triton']}, fa2gen {env['fa2gen']}. Timing: {timing}. Source: `{path}`.\n"
+    )
     print(markdown(results, providers))
     print()
     print("\n".join(_comparisons(results, providers)))
@@ -135,8 +171,10 @@ def bench_section(path: str) -> None:
     for provider in ("fa2gen-default", "fa2gen"):
         section = anchor_section(results, provider) if modes == ["fwd"] else ""
         if section:
-            print(f"### {provider} against the Triton tutorial's reference figures "
-                  f"(`{ANCHORS.relative_to(Path.cwd())}`)\n")
+            print(
+                f"### {provider} against the Triton tutorial's reference figures "
+                f"(`{ANCHORS.relative_to(Path.cwd())}`)\n"
+            )
             print(json.loads(ANCHORS.read_text())["about"] + "\n")
             print(section)
             print()
@@ -145,38 +183,48 @@ def bench_section(path: str) -> None:
 def memory_section(path: str) -> None:
     data = json.loads(Path(path).read_text())
     print(f"## Peak memory of forward + backward ({data['device']}, {data['shape']})\n")
-    print("`torch.cuda.max_memory_allocated` above the inputs during one forward and backward pass "
-          f"(`benchmarks/memory.py`; source `{path}`). SDPA's math backend materialises the N x N scores.\n")
+    print(
+        "`torch.cuda.max_memory_allocated` above the inputs during one forward and backward pass "
+        f"(`benchmarks/memory.py`; source `{path}`). SDPA's math backend materialises the N x N scores.\n"
+    )
     print("| N | fa2gen MiB | fa2gen KiB per token | SDPA math MiB |")
     print("|---|---|---|---|")
     for row in data["rows"]:
         math = row["sdpa-math"]
         math = f"{math / 2**20:.0f}" if isinstance(math, int) else math
-        print(f"| {row['seqlen']} | {row['fa2gen'] / 2**20:.1f} | {row['fa2gen'] / row['seqlen'] / 1024:.2f} | {math} |")
+        print(
+            f"| {row['seqlen']} | {row['fa2gen'] / 2**20:.1f} | {row['fa2gen'] / row['seqlen'] / 1024:.2f} | {math} |"
+        )
     per_token = [row["fa2gen"] / row["seqlen"] for row in data["rows"]]
-    print(f"\nfa2gen's peak per token varies by a factor of {max(per_token) / min(per_token):.3f} from N = "
-          f"{data['rows'][0]['seqlen']} to {data['rows'][-1]['seqlen']}: linear in N.\n")
+    print(
+        f"\nfa2gen's peak per token varies by a factor of {max(per_token) / min(per_token):.3f} from N = "
+        f"{data['rows'][0]['seqlen']} to {data['rows'][-1]['seqlen']}: linear in N.\n"
+    )
 
 
 def train_section(path: str) -> None:
     data = json.loads(Path(path).read_text())
     cfg, runs = data["config"], {r["name"]: r for r in data["runs"]}
     print(f"## Training check ({data['device']})\n")
-    print(f"`benchmarks/train_gpt.py` (source `{path}`): a GPT-style model, {cfg['layers']} layers, width {cfg['dim']}, "
-          f"{cfg['heads']} heads, sequence {cfg['seq']}, batch {cfg['batch']}, vocabulary {cfg['vocab']}, bf16 autocast, "
-          f"AdamW lr {cfg['lr']}, random init, synthetic tokens from a fixed sparse Markov chain; {cfg['steps']} steps "
-          "with fa2gen's causal attention and with SDPA's, same seed and batches.\n")
+    print(
+        f"`benchmarks/train_gpt.py` (source `{path}`): a GPT-style model, {cfg['layers']} layers, width {cfg['dim']}, "
+        f"{cfg['heads']} heads, sequence {cfg['seq']}, batch {cfg['batch']}, vocabulary {cfg['vocab']}, bf16 autocast, "
+        f"AdamW lr {cfg['lr']}, random init, synthetic tokens from a fixed sparse Markov chain; {cfg['steps']} steps "
+        "with fa2gen's causal attention and with SDPA's, same seed and batches.\n"
+    )
     a, b = runs["fa2gen"]["losses"], runs["sdpa"]["losses"]
     print("| step | fa2gen loss | SDPA loss |")
     print("|---|---|---|")
     for i in list(range(0, len(a), max(1, len(a) // 10))) + [len(a) - 1]:
         print(f"| {i} | {a[i]:.4f} | {b[i]:.4f} |")
     final = data["final_loss_mean_last_10pct"]
-    print(f"\nLargest gap between the curves: {data['max_abs_loss_gap']:.4f} (initial loss {data['initial_loss']:.3f}, "
-          f"uniform {data['uniform_loss']:.3f}); final loss (mean of the last 10%): fa2gen {final['fa2gen']:.4f}, "
-          f"SDPA {final['sdpa']:.4f}. Throughput after {cfg['warmup']} warm-up steps: fa2gen "
-          f"{runs['fa2gen']['tokens_per_s']:,.0f} tokens/s, SDPA {runs['sdpa']['tokens_per_s']:,.0f} "
-          f"({runs['fa2gen']['tokens_per_s'] / runs['sdpa']['tokens_per_s']:.2f}x).\n")
+    print(
+        f"\nLargest gap between the curves: {data['max_abs_loss_gap']:.4f} (initial loss {data['initial_loss']:.3f}, "
+        f"uniform {data['uniform_loss']:.3f}); final loss (mean of the last 10%): fa2gen {final['fa2gen']:.4f}, "
+        f"SDPA {final['sdpa']:.4f}. Throughput after {cfg['warmup']} warm-up steps: fa2gen "
+        f"{runs['fa2gen']['tokens_per_s']:,.0f} tokens/s, SDPA {runs['sdpa']['tokens_per_s']:,.0f} "
+        f"({runs['fa2gen']['tokens_per_s'] / runs['sdpa']['tokens_per_s']:.2f}x).\n"
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -190,19 +238,21 @@ def main(argv: list[str]) -> None:
     if not args.bench:
         args.bench, args.memory, args.train = SOURCES, args.memory or MEMORY, args.train or TRAIN
     print("# Benchmarks\n")
-    print("Generated by `benchmarks/tables.py` from the JSON files in `benchmarks/results/` (written by "
-          "`fa2gen bench --json`). TFLOP/s are medians of `triton.testing.do_bench` (warm, L2 flushed) on fresh "
-          "random normal inputs; forward FLOPs = 4·B·H·N²·D, halved when causal; the backward counts 2.5x the "
-          "forward's and is timed alone (gradients of a forward run outside the timing); forward + backward counts "
-          "3.5x and times a forward and its gradients together. Columns `xNAME` are "
-          "fa2gen's TFLOP/s over NAME's in the same run: cuDNN = SDPA CUDNN_ATTENTION, FA2 = SDPA FLASH_ATTENTION, "
-          "mem-eff = SDPA EFFICIENT_ATTENTION, Flex = compiled FlexAttention, default = fa2gen with its heuristic "
-          "default configs (no tuned lookup), own-bf16 = fa2gen's forward on the same values in bf16 (fp8 tables, "
-          "whose FLOPs count the same way). `fa2gen` is `fa2gen.attention()` as users call it: the shipped tuned "
-          "configs (`tuned_configs/`) where they apply. Grid: B·N = 16k tokens, H = 2048 / D. "
-          "Notes under the tables cite the lab notebook's versions (\"notebook vNN\") and logs that main no "
-          "longer holds: both are at git tag `notebook-2026-12`. Regenerate with "
-          "`python benchmarks/tables.py > docs/benchmarks.md`.\n")
+    print(
+        "Generated by `benchmarks/tables.py` from the JSON files in `benchmarks/results/` (written by "
+        "`fa2gen bench --json`). TFLOP/s are medians of `triton.testing.do_bench` (warm, L2 flushed) on fresh "
+        "random normal inputs; forward FLOPs = 4·B·H·N²·D, halved when causal; the backward counts 2.5x the "
+        "forward's and is timed alone (gradients of a forward run outside the timing); forward + backward counts "
+        "3.5x and times a forward and its gradients together. Columns `xNAME` are "
+        "fa2gen's TFLOP/s over NAME's in the same run: cuDNN = SDPA CUDNN_ATTENTION, FA2 = SDPA FLASH_ATTENTION, "
+        "mem-eff = SDPA EFFICIENT_ATTENTION, Flex = compiled FlexAttention, default = fa2gen with its heuristic "
+        "default configs (no tuned lookup), own-bf16 = fa2gen's forward on the same values in bf16 (fp8 tables, "
+        "whose FLOPs count the same way). `fa2gen` is `fa2gen.attention()` as users call it: the shipped tuned "
+        "configs (`tuned_configs/`) where they apply. Grid: B·N = 16k tokens, H = 2048 / D. "
+        'Notes under the tables cite the lab notebook\'s versions ("notebook vNN") and logs that main no '
+        "longer holds: both are at git tag `notebook-2026-12`. Regenerate with "
+        "`python benchmarks/tables.py > docs/benchmarks.md`.\n"
+    )
     for path in args.bench:
         bench_section(path)
     if args.memory:

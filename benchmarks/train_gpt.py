@@ -118,8 +118,9 @@ def main() -> None:
     if args.tiny:
         cfg = dict(vocab=64, dim=64, heads=2, layers=2, seq=48, batch=2, steps=args.steps, lr=3e-3, seed=0, warmup=1)
     else:
-        cfg = dict(vocab=4096, dim=1024, heads=8, layers=4, seq=2048, batch=8, steps=args.steps, lr=6e-4, seed=0,
-                   warmup=10)
+        cfg = dict(
+            vocab=4096, dim=1024, heads=8, layers=4, seq=2048, batch=8, steps=args.steps, lr=6e-4, seed=0, warmup=10
+        )
 
     def ours(q, k, v):
         if not args.tiny:
@@ -148,8 +149,10 @@ def main() -> None:
     print(f"{'step':>6} {'fa2gen':>8} {'sdpa':>8}")
     for i in range(0, len(a), max(1, len(a) // 10)):
         print(f"{i:6d} {a[i]:8.4f} {b[i]:8.4f}")
-    print(f"final (mean of last 10%): fa2gen {result['final_loss_mean_last_10pct']['fa2gen']:.4f}, "
-          f"sdpa {result['final_loss_mean_last_10pct']['sdpa']:.4f}; max |gap| {result['max_abs_loss_gap']:.4f}")
+    print(
+        f"final (mean of last 10%): fa2gen {result['final_loss_mean_last_10pct']['fa2gen']:.4f}, "
+        f"sdpa {result['final_loss_mean_last_10pct']['sdpa']:.4f}; max |gap| {result['max_abs_loss_gap']:.4f}"
+    )
     print(f"tokens/s: fa2gen {runs[0]['tokens_per_s']:.0f}, sdpa {runs[1]['tokens_per_s']:.0f}")
     return 0
 

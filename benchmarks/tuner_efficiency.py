@@ -53,8 +53,10 @@ class Replay:
 
 def exhaustive(bucket: Bucket, evaluator, space) -> dict:
     spec = bucket.kernel_spec()
-    points = [TuningParams(**dict(zip(space.choices(), values)))
-              for values in __import__("itertools").product(*space.choices().values())]
+    points = [
+        TuningParams(**dict(zip(space.choices(), values)))
+        for values in __import__("itertools").product(*space.choices().values())
+    ]
     table: dict[TuningParams, Measurement | str] = {}
     valid = []
     for p in points:
@@ -76,8 +78,16 @@ def exhaustive(bucket: Bucket, evaluator, space) -> dict:
 
 def trials_to_target(bucket, table, space, seed, max_trials, target_ms):
     storage = optuna.storages.InMemoryStorage()
-    tune_bucket(bucket, Replay(table), space, storage=storage, name_prefix="eff", trials=max_trials, seed=seed,
-                default=bucket_default(bucket, space.arch))
+    tune_bucket(
+        bucket,
+        Replay(table),
+        space,
+        storage=storage,
+        name_prefix="eff",
+        trials=max_trials,
+        seed=seed,
+        default=bucket_default(bucket, space.arch),
+    )
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     # Trials as --trials counts them: decided ones, less those the static rules pruned.
     best, finished, measured = float("inf"), 0, 0
@@ -120,19 +130,32 @@ def main() -> None:
             best = ok[best_p].median_ms
             runs = [trials_to_target(bucket, table, space, s, args.max_trials, best) for s in range(args.seeds)]
             reached = [r for r in runs if r[0] is not None]
-            rows.append({
-                "bucket": key, "space": space.size(), "valid": len(ok), "exhaustive_wall_s": round(wall, 1),
-                "best": best_p.to_dict(), "best_ms": best, "best_tflops": ok[best_p].tflops,
-                "trials_to_2pct": [r[0] for r in runs], "measured_to_2pct": [r[1] for r in runs],
-                "median_trials": statistics.median(r[0] for r in reached) if reached else None,
-                "median_measured": statistics.median(r[1] for r in reached) if reached else None,
-                "table": {json.dumps(p.to_dict(), sort_keys=True): (m.median_ms if isinstance(m, Measurement) else m)
-                          for p, m in table.items()},
-            })
+            rows.append(
+                {
+                    "bucket": key,
+                    "space": space.size(),
+                    "valid": len(ok),
+                    "exhaustive_wall_s": round(wall, 1),
+                    "best": best_p.to_dict(),
+                    "best_ms": best,
+                    "best_tflops": ok[best_p].tflops,
+                    "trials_to_2pct": [r[0] for r in runs],
+                    "measured_to_2pct": [r[1] for r in runs],
+                    "median_trials": statistics.median(r[0] for r in reached) if reached else None,
+                    "median_measured": statistics.median(r[1] for r in reached) if reached else None,
+                    "table": {
+                        json.dumps(p.to_dict(), sort_keys=True): (m.median_ms if isinstance(m, Measurement) else m)
+                        for p, m in table.items()
+                    },
+                }
+            )
             with open(args.out, "w") as f:  # after each bucket: a cut-off run keeps what it measured
                 json.dump(rows, f, indent=1)
-            print(f"{key}: {len(ok)}/{space.size()} valid, exhaustive {wall:.0f}s, best {best:.4f} ms "
-                  f"{best_p.to_dict()}; trials to 2%: {rows[-1]['trials_to_2pct']}", flush=True)
+            print(
+                f"{key}: {len(ok)}/{space.size()} valid, exhaustive {wall:.0f}s, best {best:.4f} ms "
+                f"{best_p.to_dict()}; trials to 2%: {rows[-1]['trials_to_2pct']}",
+                flush=True,
+            )
     finally:
         if hasattr(evaluator, "close"):
             evaluator.close()

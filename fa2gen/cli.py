@@ -42,29 +42,53 @@ def generate(
     num_warps: int = 4,
     num_stages: int = 2,
     loads: Annotated[str, typer.Option(help="pointer, tma_host, or tma_device (fwd only)")] = "pointer",
-    dq_mode: Annotated[str, typer.Option(
-        help="bwd only: separate (own dQ kernel), atomic (with --gluon 1: the one-pass Gluon kernel, "
-             "--block-m 128 --block-n 64 --num-warps 8), tma_reduce (needs --loads tma_host), or matmul "
-             "(over the dS the Gluon dK/dV kernel stores; needs --gluon 1)")] = "separate",
-    persistent: Annotated[int, typer.Option(
-        help="fwd only: 0 (one program per tile), or 1, 2 or 3 programs per SM walking the tiles "
-             "(3: the one-partition Gluon form, --gluon 1 --block-m 64, at head dim 64)")] = 0,
-    gluon: Annotated[int, typer.Option(
-        help="sm90: 0 (the Triton template); fwd: 1 or 2 compute partitions of the warp-specialised "
-             "Gluon forward (with --loads tma_host, --num-warps block_m/16); bwd: 1, the Gluon dK/dV "
-             "kernel, 2, the Gluon dK/dV and dQ kernels (with --loads tma_host)")] = 0,
+    dq_mode: Annotated[
+        str,
+        typer.Option(
+            help="bwd only: separate (own dQ kernel), atomic (with --gluon 1: the one-pass Gluon kernel, "
+            "--block-m 128 --block-n 64 --num-warps 8), tma_reduce (needs --loads tma_host), or matmul "
+            "(over the dS the Gluon dK/dV kernel stores; needs --gluon 1)"
+        ),
+    ] = "separate",
+    persistent: Annotated[
+        int,
+        typer.Option(
+            help="fwd only: 0 (one program per tile), or 1, 2 or 3 programs per SM walking the tiles "
+            "(3: the one-partition Gluon form, --gluon 1 --block-m 64, at head dim 64)"
+        ),
+    ] = 0,
+    gluon: Annotated[
+        int,
+        typer.Option(
+            help="sm90: 0 (the Triton template); fwd: 1 or 2 compute partitions of the warp-specialised "
+            "Gluon forward (with --loads tma_host, --num-warps block_m/16); bwd: 1, the Gluon dK/dV "
+            "kernel, 2, the Gluon dK/dV and dQ kernels (with --loads tma_host)"
+        ),
+    ] = 0,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
-    compile_for: Annotated[Optional[str], typer.Option(
-        help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
-             "each kernel's registers, spills and shared memory")] = None,
+    compile_for: Annotated[
+        Optional[str],
+        typer.Option(
+            help="instead of the source, compile for this arch (e.g. sm90; no GPU needed) and print "
+            "each kernel's registers, spills and shared memory"
+        ),
+    ] = None,
 ) -> None:
     """Print the rendered Triton (or Gluon) source of one kernel variant."""
     from .generator import KernelSpec, SpecError, TuningParams, Variant, render
 
     try:
         spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
-        params = TuningParams(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages, loads=loads,
-                              dq_mode=dq_mode, persistent=persistent, gluon=gluon)
+        params = TuningParams(
+            block_m=block_m,
+            block_n=block_n,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            loads=loads,
+            dq_mode=dq_mode,
+            persistent=persistent,
+            gluon=gluon,
+        )
         variant = Variant(spec, params)
         source = render(spec, params, name=variant.name)
     except SpecError as e:
@@ -119,9 +143,9 @@ def info(
     from .paths import kernel_cache_dir
     from .runtime.device import cuda_device_info
     from .runtime.dispatch import explain
+    from .runtime.problem import make_problem
     from .store.db import default_db_path
     from .store.shipped import shipped_root
-    from .runtime.problem import make_problem
 
     typer.echo(f"fa2gen {__version__}  torch {torch.__version__}  triton {triton.__version__}")
     typer.echo(f"kernel cache: {kernel_cache_dir()}")
@@ -130,10 +154,16 @@ def info(
     dev = None
     if torch.cuda.is_available():
         dev = cuda_device_info(torch.cuda.current_device())
-        typer.echo(f"GPU: {torch.cuda.get_device_name()} ({dev.name}), cc {dev.capability[0]}.{dev.capability[1]}, "
-                   f"arch {dev.arch}, {dev.sm_count} SMs")
+        typer.echo(
+            f"GPU: {torch.cuda.get_device_name()} ({dev.name}), cc {dev.capability[0]}.{dev.capability[1]}, "
+            f"arch {dev.arch}, {dev.sm_count} SMs"
+        )
     else:
-        where = "Triton interpreter" if interpreting() else "PyTorch reference path (set TRITON_INTERPRET=1 for the interpreter)"
+        where = (
+            "Triton interpreter"
+            if interpreting()
+            else "PyTorch reference path (set TRITON_INTERPRET=1 for the interpreter)"
+        )
         typer.echo(f"GPU: none; CPU tensors run on the {where}")
     from .runtime.problem import TORCH_DTYPES
 
@@ -157,8 +187,9 @@ def info(
         choice = explain(problem, dev, direction)
         tuned_for = f", tuned for {choice.bucket.key}" if choice.bucket else ""
         tuned_for += f" under triton {choice.triton}" if choice.triton else ""
-        typer.echo(f"{label} ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): "
-                   f"{choice.params.to_dict()}")
+        typer.echo(
+            f"{label} ({dev.arch if dev else 'cpu'}, from {choice.source}{tuned_for}): {choice.params.to_dict()}"
+        )
 
 
 @app.command()
@@ -168,7 +199,9 @@ def bench(
     head_dims: Annotated[str, typer.Option(help="canonical grid head dims")] = "64,128",
     seqlens: Annotated[str, typer.Option(help="canonical grid sequence lengths")] = "512,1024,2048,4096,8192,16384",
     causal: Annotated[str, typer.Option(help="off, on or both")] = "both",
-    providers: Annotated[Optional[str], typer.Option(help="fa2gen,sdpa-cudnn,sdpa-flash,sdpa-efficient,flex,sdpa-math")] = None,
+    providers: Annotated[
+        Optional[str], typer.Option(help="fa2gen,sdpa-cudnn,sdpa-flash,sdpa-efficient,flex,sdpa-math")
+    ] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write results as JSON")] = None,
     png: Annotated[Optional[Path], typer.Option(help="draw a chart (needs matplotlib)")] = None,
     markdown_out: Annotated[Optional[Path], typer.Option("--markdown", help="write the table as Markdown")] = None,
@@ -192,8 +225,9 @@ def bench(
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise typer.BadParameter("drawing a chart needs matplotlib (pip install 'fa2gen[plot]')",
-                                     param_hint="--png") from None
+            raise typer.BadParameter(
+                "drawing a chart needs matplotlib (pip install 'fa2gen[plot]')", param_hint="--png"
+            ) from None
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         # Must be set before any generated module is imported in this process.
@@ -209,7 +243,11 @@ def bench(
         raise typer.BadParameter("off, on or both", param_hint="--causal")
     if mode != "fwd" and any(d.startswith("fp8") for d in dts):
         raise typer.BadParameter("fp8 is forward only: use --mode fwd", param_hint="--dtypes")
-    names = _choices(providers, tuple(PROVIDERS), "--providers") if providers else list(GPU_DEFAULT if on_gpu else CPU_DEFAULT)
+    names = (
+        _choices(providers, tuple(PROVIDERS), "--providers")
+        if providers
+        else list(GPU_DEFAULT if on_gpu else CPU_DEFAULT)
+    )
     if "fa2gen" not in names:
         names.insert(0, "fa2gen")
     if not providers and any(d.startswith("fp8") for d in dts):
@@ -220,11 +258,15 @@ def bench(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--shapes") from None
     elif on_gpu:
-        cases = G.canonical_grid(dtypes=dts, head_dims=_ints(head_dims, "--head-dims"),
-                                 seqlens=_ints(seqlens, "--seqlens"), causals=causals)
+        cases = G.canonical_grid(
+            dtypes=dts, head_dims=_ints(head_dims, "--head-dims"), seqlens=_ints(seqlens, "--seqlens"), causals=causals
+        )
     else:
-        typer.echo("no GPU: running the CPU smoke grid (D=64, N=64 and 128) under Triton's interpreter; "
-                   "--head-dims and --seqlens apply on a GPU only", err=True)
+        typer.echo(
+            "no GPU: running the CPU smoke grid (D=64, N=64 and 128) under Triton's interpreter; "
+            "--head-dims and --seqlens apply on a GPU only",
+            err=True,
+        )
         cases = G.cpu_smoke_grid(dtypes=dts, causals=causals)
     _run_bench(cases, names, device, seed, json_out, png, markdown_out, mode)
 
@@ -275,10 +317,17 @@ def _run_bench(cases, names, device, seed, json_out, png, markdown_out, mode) ->
 def tune(
     arch: Annotated[str, typer.Option(help="search space and output naming: sm80, sm86, sm89 or sm90")],
     grid: Annotated[Optional[Path], typer.Option(help="YAML file of problems to tune (default: built-in grid)")] = None,
-    directions: Annotated[Optional[str], typer.Option(
-        help="fwd, bwd or fwd,bwd (default: fwd for the built-in grid, every direction of a --grid file)")] = None,
-    trials: Annotated[int, typer.Option(help="finished trials per bucket: measured, or rejected by the compiler or the "
-                                                   "correctness check (points the static rules prune cost nothing)")] = 40,
+    directions: Annotated[
+        Optional[str],
+        typer.Option(help="fwd, bwd or fwd,bwd (default: fwd for the built-in grid, every direction of a --grid file)"),
+    ] = None,
+    trials: Annotated[
+        int,
+        typer.Option(
+            help="finished trials per bucket: measured, or rejected by the compiler or the "
+            "correctness check (points the static rules prune cost nothing)"
+        ),
+    ] = 40,
     time_budget: Annotated[Optional[float], typer.Option(help="stop after this many seconds in all")] = None,
     db: Annotated[Optional[Path], typer.Option(help="results database (default: FA2GEN_DB or the user cache)")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Optuna storage URL for the studies")] = None,
@@ -287,9 +336,13 @@ def tune(
     seed: int = 0,
     workers: Annotated[Optional[int], typer.Option(help="parallel compile processes")] = None,
     limit: Annotated[Optional[int], typer.Option(help="tune only the first N buckets of the grid")] = None,
-    untuned: Annotated[bool, typer.Option(
-        help="tune only the buckets with no entry for this GPU, Triton and template (after a template change: "
-             "those the carried-over entries leave)")] = False,
+    untuned: Annotated[
+        bool,
+        typer.Option(
+            help="tune only the buckets with no entry for this GPU, Triton and template (after a template change: "
+            "those the carried-over entries leave)"
+        ),
+    ] = False,
 ) -> None:
     """Search the fastest correct config per problem bucket on the local GPU."""
     import torch
@@ -312,11 +365,28 @@ def tune(
 
     evaluator = GpuEvaluator(workers=workers, seed=seed)
     try:
-        _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit,
-                  directions, untuned)
+        _run_tune(
+            arch,
+            dev,
+            evaluator,
+            grid,
+            trials,
+            time_budget,
+            db,
+            storage,
+            sampler,
+            resume,
+            seed,
+            limit,
+            directions,
+            untuned,
+        )
     except DeviceFault as e:
-        typer.echo(f"fa2gen tune: stopped, the GPU context is unusable after a faulty candidate ({e}); "
-                   "run the same command again to resume", err=True)
+        typer.echo(
+            f"fa2gen tune: stopped, the GPU context is unusable after a faulty candidate ({e}); "
+            "run the same command again to resume",
+            err=True,
+        )
         raise typer.Exit(3)
     finally:
         evaluator.close()
@@ -342,9 +412,24 @@ def _directions(text: str | None) -> tuple[str, ...] | None:
     return tuple(_choices(text, DIRECTIONS, "--directions")) if text else None
 
 
-def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, sampler, resume, seed, limit,
-              directions=None, untuned=False) -> None:
+def _run_tune(
+    arch,
+    dev,
+    evaluator,
+    grid,
+    trials,
+    time_budget,
+    db,
+    storage,
+    sampler,
+    resume,
+    seed,
+    limit,
+    directions=None,
+    untuned=False,
+) -> None:
     """The body of ``fa2gen tune`` after the GPU checks (CPU tests drive it with a cost model)."""
+    import optuna
     import triton
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -355,10 +440,9 @@ def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, samp
     from .store.db import TunedDB
     from .store.records import Validity
     from .tuner.grid import GridError, default_buckets, read_grid
-    from .tuner.run import TuneOptions, open_storage, tune as run_tune
+    from .tuner.run import TuneOptions, open_storage
+    from .tuner.run import tune as run_tune
     from .tuner.space import space_for
-
-    import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar and table report instead
     wanted = _directions(directions)
@@ -394,14 +478,22 @@ def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, samp
         def on_progress(done, best):
             i, bucket = state["bucket"]
             best_txt = f" best {best:.4f} ms" if best is not None else ""
-            progress.update(task, completed=i * trials + min(done, trials),
-                            description=f"[{i + 1}/{len(buckets)}] {bucket.key}{best_txt}")
+            progress.update(
+                task,
+                completed=i * trials + min(done, trials),
+                description=f"[{i + 1}/{len(buckets)}] {bucket.key}{best_txt}",
+            )
 
         results = run_tune(
-            buckets, evaluator, space_for(arch), db=results_db, storage=open_storage(storage_url),
+            buckets,
+            evaluator,
+            space_for(arch),
+            db=results_db,
+            storage=open_storage(storage_url),
             validity_for=validity_for,
             options=TuneOptions(trials=trials, time_budget_s=time_budget, sampler=sampler, seed=seed, resume=resume),
-            on_bucket_start=on_bucket_start, on_progress=on_progress,
+            on_bucket_start=on_bucket_start,
+            on_progress=on_progress,
         )
     clear_memo()
     table = Table(title=f"fa2gen tune --arch {arch} on {dev.name}: {len(results)} of {len(buckets)} buckets")
@@ -413,8 +505,14 @@ def _run_tune(arch, dev, evaluator, grid, trials, time_budget, db, storage, samp
             continue
         p = r.best
         speed = f"{r.default_ms / r.measurement.median_ms:.2f}x" if r.default_ms else "-"
-        table.add_row(r.bucket.key, p.label(),
-                      f"{r.measurement.tflops:.0f}", speed, f"{r.measurement.max_error:.1e}", str(r.trials))
+        table.add_row(
+            r.bucket.key,
+            p.label(),
+            f"{r.measurement.tflops:.0f}",
+            speed,
+            f"{r.measurement.max_error:.1e}",
+            str(r.trials),
+        )
     console.print(table)
     console.print(f"results: {results_db.path}; studies: {storage_url}")
 
@@ -445,10 +543,17 @@ def show(
         if arch and a != arch:
             continue
         p = e.params
-        table.add_row(e.validity.device, a, e.validity.triton, e.bucket.key,
-                      p.label(),
-                      f"{e.measurement.median_ms:.4f}", f"{e.measurement.tflops:.0f}",
-                      f"{e.speedup:.2f}x" if e.speedup else "-", str(e.trials))
+        table.add_row(
+            e.validity.device,
+            a,
+            e.validity.triton,
+            e.bucket.key,
+            p.label(),
+            f"{e.measurement.median_ms:.4f}",
+            f"{e.measurement.tflops:.0f}",
+            f"{e.speedup:.2f}x" if e.speedup else "-",
+            str(e.trials),
+        )
         n += 1
     Console(width=None if sys.stdout.isatty() else 220).print(table)
     typer.echo(f"{n} entries")
@@ -459,10 +564,17 @@ def export_(
     arch: Annotated[str, typer.Option(help="arch of the entries to export")],
     output: Annotated[Path, typer.Option("--output", "-o", help="YAML file to write")],
     device: Annotated[Optional[str], typer.Option(help="device to export (needed if the DB has several)")] = None,
-    triton_version: Annotated[Optional[str], typer.Option("--triton", help="Triton version (default: installed)")] = None,
-    torch_version: Annotated[Optional[str], typer.Option(
-        "--torch", help="torch version recorded in the file (default: installed; give the tuning machine's "
-                        "when exporting elsewhere)")] = None,
+    triton_version: Annotated[
+        Optional[str], typer.Option("--triton", help="Triton version (default: installed)")
+    ] = None,
+    torch_version: Annotated[
+        Optional[str],
+        typer.Option(
+            "--torch",
+            help="torch version recorded in the file (default: installed; give the tuning machine's "
+            "when exporting elsewhere)",
+        ),
+    ] = None,
     db: Annotated[Optional[Path], typer.Option(help="results database")] = None,
 ) -> None:
     """Write tuned entries of one device as a tuned-config YAML file.
@@ -482,8 +594,7 @@ def export_(
     store = TunedDB(db)
     version = triton_version or triton.__version__
     current = {template_hash(d) for d in TEMPLATES}
-    candidates = [e for e in store.entries(device=device)
-                  if e.validity.arch == arch]
+    candidates = [e for e in store.entries(device=device) if e.validity.arch == arch]
     entries = [e for e in candidates if e.validity.triton == version and e.validity.template_hash in current]
     if not entries:
         skipped = f" ({len(candidates)} tuned under another Triton or template)" if candidates else ""

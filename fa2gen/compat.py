@@ -215,7 +215,7 @@ def keep_launcher(kernel, grid, args, options) -> Launcher | None:
         return None
     if len(values) < len(args) or any(a is not b for a, b in zip(values, args)):
         return None
-    return Launcher(device, values[len(args):], run, function, metadata, driver.active)
+    return Launcher(device, values[len(args) :], run, function, metadata, driver.active)
 
 
 def pre_run_hooks(kernel) -> list:
@@ -235,8 +235,9 @@ def launch_hooked() -> bool:
     """Whether a launch hook (a profiler) is set: Triton's hooks are chains, empty unless
     something added to them; a hook set in their place is a plain callable."""
     runtime = _knobs().runtime
-    return any(h is not None and bool(getattr(h, "calls", True))
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    return any(
+        h is not None and bool(getattr(h, "calls", True)) for h in (runtime.launch_enter_hook, runtime.launch_exit_hook)
+    )
 
 
 def launch_modes() -> tuple:
@@ -339,8 +340,7 @@ def _descriptor_reduce(self, kind, desc, value, indices):
     if kind != ir.DESCRIPTOR_REDUCE_KIND.ADD:
         raise NotImplementedError(f"descriptor reduction {kind} under the interpreter")
     ptrs, mask = desc.materialize_pointers(indices)
-    return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask, ir.MEM_SEMANTIC.RELAXED,
-                                  ir.MEM_SYNC_SCOPE.GPU)
+    return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask, ir.MEM_SEMANTIC.RELAXED, ir.MEM_SYNC_SCOPE.GPU)
 
 
 def _as_float32(data, dtype) -> np.ndarray:
@@ -395,6 +395,10 @@ def patch_interpreter() -> None:
             InterpreterBuilder.create_descriptor_reduce = _descriptor_reduce
         interpreter._convert_float = _rounded_downcasts(interpreter._convert_float)
         if not interpreter_numpy_ok():
-            warnings.warn(f"fa2gen: Triton 3.6's CPU interpreter breaks under numpy >= 2.4 (numpy {np.__version__} "
-                          "is installed): pip install 'numpy<2.4', or Triton 3.7 or newer", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"fa2gen: Triton 3.6's CPU interpreter breaks under numpy >= 2.4 (numpy {np.__version__} "
+                "is installed): pip install 'numpy<2.4', or Triton 3.7 or newer",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         _interp_patched = True

@@ -8,7 +8,6 @@ from fa2gen.bench.correctness import check_forward
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
 
-
 # (B, Hq, Hkv, Nq, Nk, D): odd lengths, Nq != Nk both ways, GQA/MQA, padded head dims
 ODD_SHAPES = [
     (1, 2, 2, 37, 37, 64),
@@ -88,8 +87,9 @@ def gluon_cases(candidates, cases, what: str):
         pytest.mark.skipif(not hopper(), reason=f"{what} runs on sm90"),
         pytest.mark.parametrize("params", candidates, ids=lambda p: p.label()),
         pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"]),
-        pytest.mark.parametrize("shape,causal,layout", cases,
-                                ids=[f"{s}-{'causal' if c else 'full'}-{lay}" for s, c, lay in cases]),
+        pytest.mark.parametrize(
+            "shape,causal,layout", cases, ids=[f"{s}-{'causal' if c else 'full'}-{lay}" for s, c, lay in cases]
+        ),
     ]
 
     def wrap(fn):

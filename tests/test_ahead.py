@@ -51,14 +51,17 @@ CASES = [
 
 def test_defaults_compile_for_sm90_and_sm80():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(CASES)], capture_output=True, text=True,
-                       timeout=900, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(CASES)], capture_output=True, text=True, timeout=900, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(results) == len(CASES)
     for arch, direction, d, dq_mode, kernels in results:
-        expected = {"fwd": {"attn_fwd"}, "bwd": {"attn_bwd_delta", "attn_bwd_dkdv",
-                                                 "attn_bwd_dq" if dq_mode == "separate" else "attn_bwd_dq_store"}}
+        expected = {
+            "fwd": {"attn_fwd"},
+            "bwd": {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq" if dq_mode == "separate" else "attn_bwd_dq_store"},
+        }
         assert set(kernels) == expected[direction]
         for name, (registers, spill) in kernels.items():
             assert 0 < registers <= 255, (arch, direction, d, name)
@@ -118,14 +121,27 @@ def test_sass_loop_counts():
         /*0050*/              @P1  BRA `(.L_x_0) ;
         /*0060*/                   EXIT ;
 """
-    assert mod.loop_stats(listing) == [{"instructions": 3, "hgmma": 1, "ldl": 1, "ex2": 0, "ex2_in_flight": 0},
-                                       {"instructions": 5, "hgmma": 2, "ldl": 1, "ex2": 0, "ex2_in_flight": 0}]
-    span = ["HGMMA.64x128x16.F32", "WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2 R2, R2", "MUFU.EX2 R3, R3",
-            "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R4, R4"]
+    assert mod.loop_stats(listing) == [
+        {"instructions": 3, "hgmma": 1, "ldl": 1, "ex2": 0, "ex2_in_flight": 0},
+        {"instructions": 5, "hgmma": 2, "ldl": 1, "ex2": 0, "ex2_in_flight": 0},
+    ]
+    span = [
+        "HGMMA.64x128x16.F32",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+        "MUFU.EX2 R2, R2",
+        "MUFU.EX2 R3, R3",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "MUFU.EX2 R4, R4",
+    ]
     assert mod.ex2_in_flight(span) == 2
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(path), "--head-dim", "64", "--mask", "none", "64,32,4,2,pointer"],
-                       capture_output=True, text=True, timeout=600, env={**env, "PYTHONPATH": str(path.parent.parent)})
+    r = subprocess.run(
+        [sys.executable, str(path), "--head-dim", "64", "--mask", "none", "64,32,4,2,pointer"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "PYTHONPATH": str(path.parent.parent)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [line for line in r.stdout.splitlines() if "attn_bwd_" in line]
     assert len(lines) == 2 and all("HGMMA" in line for line in lines)
@@ -138,26 +154,53 @@ def test_ptxas_performance_losses_are_reported():
     compute warp groups need more registers than its split leaves them, and not at D=64."""
     from fa2gen.generator.ahead import performance_losses
 
-    report = ("ptxas info    : (C7507) Potential Performance Loss: 'setmaxnreg' ignored to maintain minimum "
-              "register requirements.\n"
-              "ptxas info    : (C7519) Potential Performance Loss: warpgroup.arrive is injected in around line 9\n"
-              "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
-              "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
-              "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
-              "to non wgmma instructions reading accumulator registers of  a wgmma between start and end of the "
-              "pipeline stage in the function 'attn_fwd'\n")
+    report = (
+        "ptxas info    : (C7507) Potential Performance Loss: 'setmaxnreg' ignored to maintain minimum "
+        "register requirements.\n"
+        "ptxas info    : (C7519) Potential Performance Loss: warpgroup.arrive is injected in around line 9\n"
+        "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
+        "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized\n"
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+        "to non wgmma instructions reading accumulator registers of  a wgmma between start and end of the "
+        "pipeline stage in the function 'attn_fwd'\n"
+    )
     assert performance_losses(report) == (
         "C7507: 'setmaxnreg' ignored to maintain minimum register requirements.",
         "C7512: wgmma.mma_async instructions are serialized",
         "C7514: wgmma.mma_async instructions are serialized due to non wgmma instructions reading accumulator "
-        "registers of  a wgmma between start and end of the pipeline stage in the function 'attn_fwd'")
+        "registers of  a wgmma between start and end of the pipeline stage in the function 'attn_fwd'",
+    )
     assert performance_losses("ptxas info    : Used 168 registers") == ()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    one_pass = ["generate", "--direction", "bwd", "--block-m", "128", "--block-n", "64", "--num-warps", "8",
-                "--num-stages", "2", "--loads", "tma_host", "--dq-mode", "atomic", "--gluon", "1", "--compile-for", "sm90"]
+    one_pass = [
+        "generate",
+        "--direction",
+        "bwd",
+        "--block-m",
+        "128",
+        "--block-n",
+        "64",
+        "--num-warps",
+        "8",
+        "--num-stages",
+        "2",
+        "--loads",
+        "tma_host",
+        "--dq-mode",
+        "atomic",
+        "--gluon",
+        "1",
+        "--compile-for",
+        "sm90",
+    ]
     for d, serialised in ((128, True), (64, False)):
-        r = subprocess.run([sys.executable, "-m", "fa2gen", *one_pass, "--head-dim", str(d)], capture_output=True,
-                           text=True, timeout=600, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "fa2gen", *one_pass, "--head-dim", str(d)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         assert ("ptxas C7512: wgmma.mma_async instructions are serialized" in r.stdout) == serialised, r.stdout
         assert "attn_bwd_dkdv (sm90): 168 registers" in r.stdout

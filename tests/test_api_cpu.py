@@ -2,19 +2,18 @@ import warnings
 
 import pytest
 import torch
+from helpers import rand_qkv
 
 import fa2gen
-from fa2gen.runtime import api
+from fa2gen.generator.arch import fits
+from fa2gen.generator.spec import HEAD_DIMS, KernelSpec, TuningParams
+from fa2gen.runtime import api, lookup
 from fa2gen.runtime.defaults import default_params
-from fa2gen.runtime import lookup
 from fa2gen.runtime.device import DeviceInfo
 from fa2gen.runtime.dispatch import clear_memo, select_params
 from fa2gen.runtime.launch import effective_params, tma_compatible
 from fa2gen.runtime.problem import make_problem
 from fa2gen.runtime.reference import attention_reference
-from fa2gen.generator.arch import fits
-from fa2gen.generator.spec import HEAD_DIMS, KernelSpec, TuningParams
-from helpers import rand_qkv
 
 
 @pytest.mark.interpreter

@@ -5,6 +5,7 @@ import zlib
 
 import pytest
 import torch
+from helpers import MASK_CASES, ODD_SHAPES, rand_qkv
 
 import fa2gen
 from fa2gen.bench.correctness import check_backward
@@ -12,7 +13,6 @@ from fa2gen.generator.spec import TuningParams
 from fa2gen.runtime.backward import backward
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
-from helpers import MASK_CASES, ODD_SHAPES, rand_qkv
 
 pytestmark = pytest.mark.interpreter
 
@@ -95,7 +95,7 @@ def test_rows_without_keys_get_zero_gradient():
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(11)).to(q.dtype)
     dq, dk, dv = _grads(q, k, v, problem, BWD_POINTS[0], dout)
     assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
-    assert dq[:, :, :40 - 17].abs().max() == 0
+    assert dq[:, :, : 40 - 17].abs().max() == 0
     assert check_backward(q, k, v, problem, dout, dq, dk, dv).ok
 
 
@@ -128,8 +128,9 @@ def test_a_deterministic_backward_runs_the_default_where_the_one_pass_is_tuned(m
     its own on those tiles: a deterministic backward runs the default backward instead."""
     from fa2gen.runtime.defaults import default_params
 
-    one_pass = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host",
-                            dq_mode="atomic", gluon=1)
+    one_pass = TuningParams(
+        block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", dq_mode="atomic", gluon=1
+    )
     seen = _atomic_dispatch_spied(monkeypatch, one_pass, record=lambda params: params)
     q, k, v = (t.requires_grad_() for t in rand_qkv(1, 2, 1, 21, 30, 64, seed=16))
     out = fa2gen.attention(q, k, v, deterministic=True)
@@ -188,8 +189,12 @@ def test_training_script_smoke(tmp_path):
 
     out = tmp_path / "train.json"
     script = Path(__file__).parent.parent / "benchmarks" / "train_gpt.py"
-    r = subprocess.run([sys.executable, str(script), "--tiny", "--steps", "3", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(script), "--tiny", "--steps", "3", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
     assert [run["name"] for run in data["runs"]] == ["fa2gen", "sdpa"]
@@ -216,8 +221,9 @@ def test_a_kept_backward_launch_serves_later_calls_and_the_deterministic_switch(
     for deterministic in (False, False, True, True):
         q, k, v = (t.detach().requires_grad_() for t in base)
         problem = make_problem(q, k, v, causal=True)
-        out, _ = differentiable(q, k, v, problem, lambda: forward(q, k, v, problem, FWD),
-                                deterministic=deterministic, launches=launches)
+        out, _ = differentiable(
+            q, k, v, problem, lambda: forward(q, k, v, problem, FWD), deterministic=deterministic, launches=launches
+        )
         dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(17)).to(out.dtype)
         out.backward(dout)
         verdict = check_backward(q.detach(), k.detach(), v.detach(), problem, dout, q.grad, k.grad, v.grad)

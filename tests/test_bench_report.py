@@ -32,12 +32,15 @@ def test_a_steady_table_has_no_footnote():
     assert UNSTEADY_MARK not in text
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(fn=None), TypeError, "fn must be callable"),
-    (dict(names="attn_bwd_dq"), TypeError, "names must be"),
-    (dict(calls=0), ValueError, "calls must be a positive int"),
-    (dict(calls=2.0), ValueError, "calls must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(fn=None), TypeError, "fn must be callable"),
+        (dict(names="attn_bwd_dq"), TypeError, "names must be"),
+        (dict(calls=0), ValueError, "calls must be a positive int"),
+        (dict(calls=2.0), ValueError, "calls must be a positive int"),
+    ],
+)
 def test_kernel_ms_names_the_bad_argument(kwargs, error, match):
     args = dict(fn=lambda: None, names=(), calls=1) | kwargs
     with pytest.raises(error, match=match):

@@ -35,9 +35,11 @@ def test_percentiles_pool_every_window():
     # one slow window out of four moves the 80th percentile, not the median
     w = Windows({"a": [1.0, 1.0, 1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0, 2.0, 2.0]})
     slow = iter([False, False, True, False])  # a's third window is slow
+
     def window(fn):
         times = w(fn)
         return [t * 3 for t in times] if fn() == "a" and next(slow) else times
+
     got = time_in_rounds(calls("a", "b"), window, rounds=4)
     assert got["b"] == pytest.approx([2.0, 2.0, 2.0])
     p20, median, p80 = got["a"]

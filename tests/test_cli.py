@@ -12,8 +12,23 @@ runner = CliRunner()
 
 
 def test_generate_prints_parseable_source():
-    r = runner.invoke(app, ["generate", "--head-dim", "96", "--mask", "local", "--softcap", "--loads", "tma_device",
-                            "--block-m", "128", "--num-stages", "3"])
+    r = runner.invoke(
+        app,
+        [
+            "generate",
+            "--head-dim",
+            "96",
+            "--mask",
+            "local",
+            "--softcap",
+            "--loads",
+            "tma_device",
+            "--block-m",
+            "128",
+            "--num-stages",
+            "3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     tree = ast.parse(r.stdout)
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
@@ -21,11 +36,14 @@ def test_generate_prints_parseable_source():
     assert "fa2gen_fwd_fp16_d96_local_softcap_m128_n64_w4_s3_tma_device_" in r.stdout
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--head-dim", "100"], "head_dim"),
-    (["--block-m", "48"], "block_m"),
-    (["--mask", "import os"], "mask"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--head-dim", "100"], "head_dim"),
+        (["--block-m", "48"], "block_m"),
+        (["--mask", "import os"], "mask"),
+    ],
+)
 def test_generate_rejects_invalid(args, match):
     r = runner.invoke(app, ["generate", *args])
     assert r.exit_code == 2
@@ -33,8 +51,26 @@ def test_generate_rejects_invalid(args, match):
 
 
 def test_generate_gluon_forward():
-    r = runner.invoke(app, ["generate", "--head-dim", "128", "--mask", "causal", "--gluon", "2", "--block-m", "128",
-                            "--block-n", "128", "--num-warps", "8", "--loads", "tma_host"])
+    r = runner.invoke(
+        app,
+        [
+            "generate",
+            "--head-dim",
+            "128",
+            "--mask",
+            "causal",
+            "--gluon",
+            "2",
+            "--block-m",
+            "128",
+            "--block-n",
+            "128",
+            "--num-warps",
+            "8",
+            "--loads",
+            "tma_host",
+        ],
+    )
     assert r.exit_code == 0, r.output
     tree = ast.parse(r.stdout)
     assert "attn_fwd" in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
@@ -66,8 +102,22 @@ def test_info_rejects_bad_shape():
 @pytest.mark.interpreter
 def test_bench_cpu_writes_json_and_markdown(tmp_path):
     js, md = tmp_path / "r.json", tmp_path / "r.md"
-    r = runner.invoke(app, ["bench", "--shapes", "1,2,40,32;1,4,2,33,50,64", "--dtypes", "fp16", "--causal", "both",
-                            "--json", str(js), "--markdown", str(md)])
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "--shapes",
+            "1,2,40,32;1,4,2,33,50,64",
+            "--dtypes",
+            "fp16",
+            "--causal",
+            "both",
+            "--json",
+            str(js),
+            "--markdown",
+            str(md),
+        ],
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(js.read_text())
     assert len(data["results"]) == 4
@@ -82,13 +132,31 @@ def test_bench_cpu_writes_json_and_markdown(tmp_path):
 
 
 def test_generate_backward():
-    r = runner.invoke(app, ["generate", "--direction", "bwd", "--head-dim", "80", "--mask", "local", "--softcap",
-                            "--block-m", "128", "--block-n", "32"])
+    r = runner.invoke(
+        app,
+        [
+            "generate",
+            "--direction",
+            "bwd",
+            "--head-dim",
+            "80",
+            "--mask",
+            "local",
+            "--softcap",
+            "--block-m",
+            "128",
+            "--block-n",
+            "32",
+        ],
+    )
     assert r.exit_code == 0, r.output
     names = {n.name for n in ast.parse(r.output).body if isinstance(n, ast.FunctionDef)}
     assert {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"} <= names
     assert runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_device"]).exit_code == 2
-    assert ".load([b, h, start_m, 0])" in runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_host"]).output
+    assert (
+        ".load([b, h, start_m, 0])"
+        in runner.invoke(app, ["generate", "--direction", "bwd", "--loads", "tma_host"]).output
+    )
     r = runner.invoke(app, ["generate", "--direction", "bwd", "--dq-mode", "atomic"])
     names = {n.name for n in ast.parse(r.output).body if isinstance(n, ast.FunctionDef)}
     assert "attn_bwd_dq_store" in names and "attn_bwd_dq" not in names and "tl.atomic_add(" in r.output
@@ -98,8 +166,22 @@ def test_generate_backward():
 @pytest.mark.parametrize("mode", ["bwd", "fwd+bwd"])
 def test_bench_backward_modes_on_cpu(tmp_path, mode):
     js = tmp_path / "r.json"
-    r = runner.invoke(app, ["bench", "--shapes", "1,4,2,33,50,32", "--dtypes", "fp16", "--causal", "off",
-                            "--mode", mode, "--json", str(js)])
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "--shapes",
+            "1,4,2,33,50,32",
+            "--dtypes",
+            "fp16",
+            "--causal",
+            "off",
+            "--mode",
+            mode,
+            "--json",
+            str(js),
+        ],
+    )
     assert r.exit_code == 0, r.output
     (row,) = json.loads(js.read_text())["results"]
     assert row["mode"] == mode and row["tflops"]["fa2gen"] > 0
@@ -130,8 +212,17 @@ def _db_with_entries(path, triton_version=None, th=None, device="NVIDIA_H200"):
     from fa2gen.store.records import Entry, Measurement, Validity
 
     v = Validity(device, "9.0", triton_version or triton.__version__, th or template_hash("fwd"))
-    entries = [Entry(v, Bucket("fwd", "fp16", d, "causal", False, 1, 4096, 4096, 64), TuningParams(128, 64, 4, 2,
-                     "tma_host"), Measurement(1.0, 0.9, 1.1, 500.0, 1e-3), default_ms=1.25, trials=9) for d in (64, 128)]
+    entries = [
+        Entry(
+            v,
+            Bucket("fwd", "fp16", d, "causal", False, 1, 4096, 4096, 64),
+            TuningParams(128, 64, 4, 2, "tma_host"),
+            Measurement(1.0, 0.9, 1.1, 500.0, 1e-3),
+            default_ms=1.25,
+            trials=9,
+        )
+        for d in (64, 128)
+    ]
     TunedDB(path).put(entries)
     return entries
 
@@ -145,9 +236,9 @@ def test_show_export_import_round_trip(tmp_path):
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["import", str(yml), "--db", str(dst)])
     assert r.exit_code == 0, r.output
-    from fa2gen.store.db import TunedDB
-
     import dataclasses
+
+    from fa2gen.store.db import TunedDB
 
     got = sorted((dataclasses.replace(e, created_at="") for e in TunedDB(dst).entries()), key=lambda e: e.bucket.key)
     assert got == sorted(entries, key=lambda e: e.bucket.key)
@@ -185,14 +276,23 @@ def test_export_records_the_tuning_machines_torch(tmp_path):
 
     assert read(yml).meta["torch"] == "2.11.0+cu130"
     for bad in ("2.11\n!!python/object:os.system", "x" * 65):  # header values obey the reader's rules
-        r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(tmp_path / "bad.yaml"), "--db", str(src),
-                                "--torch", bad])
+        r = runner.invoke(
+            app, ["export", "--arch", "sm90", "-o", str(tmp_path / "bad.yaml"), "--db", str(src), "--torch", bad]
+        )
         assert r.exit_code == 1 and "torch" in r.output and not (tmp_path / "bad.yaml").exists()
 
 
-@pytest.mark.parametrize("args,hint", [(["--sampler", "Brute"], "sampler"), (["--limit", "0"], "limit"),
-                                       (["--time-budget", "0"], "time-budget"), (["--workers", "-1"], "workers"),
-                                       (["--trials", "0"], "trials"), (["--directions", "fwd,sideways"], "directions")])
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (["--sampler", "Brute"], "sampler"),
+        (["--limit", "0"], "limit"),
+        (["--time-budget", "0"], "time-budget"),
+        (["--workers", "-1"], "workers"),
+        (["--trials", "0"], "trials"),
+        (["--directions", "fwd,sideways"], "directions"),
+    ],
+)
 def test_tune_rejects_bad_options_before_anything_else(args, hint):
     r = runner.invoke(app, ["tune", "--arch", "sm90", *args])
     assert r.exit_code == 2 and hint in r.output
@@ -227,8 +327,23 @@ def test_wheel_ships_tuned_configs(tmp_path):
     sample = src / "tuned_configs" / "sm90" / "TEST_DEVICE.yaml"
     sample.parent.mkdir(parents=True, exist_ok=True)
     sample.write_text("schema: 1\n")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     names = zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist()
     assert "fa2gen/tuned_configs/sm90/TEST_DEVICE.yaml" in names

@@ -234,8 +234,15 @@ def test_every_compile_and_launch_asks_for_fused_multiply_adds(tmp_path):
 
 # Public Triton: the package, its language and testing modules, and the Gluon language the
 # templates are written in.
-_PUBLIC = {"triton", "triton.language", "triton.testing", "triton.experimental", "triton.experimental.gluon",
-           "triton.experimental.gluon.language", "triton.experimental.gluon.language.nvidia.hopper"}
+_PUBLIC = {
+    "triton",
+    "triton.language",
+    "triton.testing",
+    "triton.experimental",
+    "triton.experimental.gluon",
+    "triton.experimental.gluon.language",
+    "triton.experimental.gluon.language.nvidia.hopper",
+}
 _IMPORT = re.compile(r"^\s*(?:from\s+(triton[\w.]*)\s+import\s+([\w, ()]+)|import\s+(triton[\w.]*))", re.M)
 
 
@@ -252,6 +259,12 @@ def test_nothing_but_compat_imports_triton_internals():
             private = any(n.strip().startswith("_") for n in names.strip("()").split(","))
             if module not in _PUBLIC or private:
                 offenders.append(f"{path.relative_to(PACKAGE)}: {module} {names}".strip())
-        offenders += [f"{path.relative_to(PACKAGE)}: {m}" for m in re.findall(r"\btriton\.(?:_(?!_)\w+|runtime|compiler|"
-                                                                           r"backends|knobs|tools)\b", source)]
+        offenders += [
+            f"{path.relative_to(PACKAGE)}: {m}"
+            for m in re.findall(
+                r"\btriton\.(?:_(?!_)\w+|runtime|compiler|"
+                r"backends|knobs|tools)\b",
+                source,
+            )
+        ]
     assert not offenders, offenders

@@ -5,9 +5,9 @@ import zlib
 
 import pytest
 import torch
+from helpers import MASK_CASES, ODD_SHAPES, rand_qkv, run_and_check
 
 from fa2gen.generator.spec import TuningParams
-from helpers import MASK_CASES, ODD_SHAPES, rand_qkv, run_and_check
 
 pytestmark = pytest.mark.interpreter
 

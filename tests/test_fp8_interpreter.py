@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import MASK_CASES, ODD_SHAPES
+from helpers import rand_fp8 as quantized
 
 import fa2gen
 from fa2gen.bench.correctness import check_forward
@@ -15,8 +17,6 @@ from fa2gen.runtime.fp8 import check_descales, dequantized
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
 from fa2gen.store.buckets import Bucket
-
-from helpers import MASK_CASES, ODD_SHAPES, rand_fp8 as quantized
 
 pytestmark = pytest.mark.interpreter
 F8 = torch.float8_e4m3fn
@@ -48,8 +48,11 @@ def test_fp8_matches_reference(shape, kw):
     assert verdict.ok, verdict
 
 
-@pytest.mark.parametrize("params", [TMA_HOST, TMA_DEVICE, TMA_HOST.replace(persistent=2)],
-                         ids=["tma_host", "tma_device", "tma_host-persistent"])
+@pytest.mark.parametrize(
+    "params",
+    [TMA_HOST, TMA_DEVICE, TMA_HOST.replace(persistent=2)],
+    ids=["tma_host", "tma_device", "tma_host-persistent"],
+)
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (9, 4)}, {"softcap": 7.5}], ids=_id)
 def test_fp8_descriptor_paths(params, kw):
     # D=80 pads to 128: the transposed V's descriptor zero-fills the head rows past 80
@@ -93,8 +96,9 @@ def test_fp8_query_factors_per_kv_head_as_flash_attention_3_takes_them():
 def test_fp8_attention_api_returns_bf16_and_lse():
     tensors, scales = quantized(1, 3, 1, 21, 34, 48)
     q, k, v = tensors
-    out, lse = fa2gen.attention(q, k, v, causal=True, return_lse=True,
-                                descale_q=scales[0], descale_k=scales[1], descale_v=scales[2])
+    out, lse = fa2gen.attention(
+        q, k, v, causal=True, return_lse=True, descale_q=scales[0], descale_k=scales[1], descale_v=scales[2]
+    )
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     problem = make_problem(q, k, v, causal=True)
     verdict = check_forward(q, k, v, problem, out, lse, descales=check_descales(problem, q.device, *scales))
@@ -292,7 +296,6 @@ def test_fp8_reference_path_without_the_interpreter(monkeypatch):
     """CPU tensors without the interpreter: PyTorch attention over the dequantized values,
     returned in bf16 as the kernel returns it."""
     from fa2gen.runtime import api
-    from fa2gen.runtime.reference import attention_reference
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(api, "_warned_cpu", False)

@@ -20,31 +20,36 @@ BWD = KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")
 G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1)
 
 
-@pytest.mark.parametrize("spec,params,match", [
-    (KernelSpec(direction="bwd", head_dim=64, mask="local"), G64, "causal"),
-    (KernelSpec(direction="bwd", head_dim=64, softcap=True), G64, "softcap"),
-    (KernelSpec(direction="bwd", head_dim=96), G64, "head dims"),
-    (BWD, G64.replace(loads="pointer"), "tma_host"),
-    (BWD, G64.replace(dq_mode="tma_reduce"), "dq_mode=separate"),
-    (BWD, G64.replace(dq_mode="atomic"), "takes 128 keys a program"),
-    (KernelSpec(direction="bwd", head_dim=64), G64.replace(block_m=128, num_warps=8, block_n=32, dq_mode="atomic"),
-     "takes 128 keys a program"),
-    (BWD, G64.replace(dq_mode="atomic", gluon=2), "needs gluon=1"),
-    (BWD, G64.replace(block_n=128), "steps"),
-    (BWD, G64.replace(num_warps=8), "16 keys each"),
-    (BWD, G64.replace(num_stages=1), "num_stages >= 2"),
-    (BWD, G64.replace(gluon=2, dq_mode="matmul"), "needs gluon=1"),
-    (BWD, TuningParams(dq_mode="matmul"), "needs gluon=1"),
-    (KernelSpec(direction="fwd", head_dim=64), G64.replace(dq_mode="matmul"), "backward knob"),
-])
+@pytest.mark.parametrize(
+    "spec,params,match",
+    [
+        (KernelSpec(direction="bwd", head_dim=64, mask="local"), G64, "causal"),
+        (KernelSpec(direction="bwd", head_dim=64, softcap=True), G64, "softcap"),
+        (KernelSpec(direction="bwd", head_dim=96), G64, "head dims"),
+        (BWD, G64.replace(loads="pointer"), "tma_host"),
+        (BWD, G64.replace(dq_mode="tma_reduce"), "dq_mode=separate"),
+        (BWD, G64.replace(dq_mode="atomic"), "takes 128 keys a program"),
+        (
+            KernelSpec(direction="bwd", head_dim=64),
+            G64.replace(block_m=128, num_warps=8, block_n=32, dq_mode="atomic"),
+            "takes 128 keys a program",
+        ),
+        (BWD, G64.replace(dq_mode="atomic", gluon=2), "needs gluon=1"),
+        (BWD, G64.replace(block_n=128), "steps"),
+        (BWD, G64.replace(num_warps=8), "16 keys each"),
+        (BWD, G64.replace(num_stages=1), "num_stages >= 2"),
+        (BWD, G64.replace(gluon=2, dq_mode="matmul"), "needs gluon=1"),
+        (BWD, TuningParams(dq_mode="matmul"), "needs gluon=1"),
+        (KernelSpec(direction="fwd", head_dim=64), G64.replace(dq_mode="matmul"), "backward knob"),
+    ],
+)
 def test_rules_name_what_the_gluon_dkdv_kernel_cannot_do(spec, params, match):
     assert match in unsupported(spec, params)
     with pytest.raises(SpecError, match=match):
         render(spec, params, name="x")
 
 
-ONE_PASS = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", dq_mode="atomic",
-                        gluon=1)
+ONE_PASS = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", dq_mode="atomic", gluon=1)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -53,10 +58,14 @@ def test_the_one_pass_renders_one_dkdv_kernel_that_takes_the_fp32_sums(head_dim)
     # are in the order the launch passes them (runtime/backward.py)
     spec = KernelSpec(direction="bwd", dtype="fp16", head_dim=head_dim)
     assert unsupported(spec, ONE_PASS) is None
-    assert unsupported(spec, ONE_PASS.replace(block_n=32)) and unsupported(spec, ONE_PASS.replace(block_m=64, num_warps=4))
+    assert unsupported(spec, ONE_PASS.replace(block_n=32)) and unsupported(
+        spec, ONE_PASS.replace(block_m=64, num_warps=4)
+    )
     src = render(spec, ONE_PASS, name="x")
     tree = ast.parse(src)
-    assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == ["attn_bwd_dkdv"]
+    assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")] == [
+        "attn_bwd_dkdv"
+    ]
     kernel = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "attn_bwd_dkdv")
     assert [a.arg for a in kernel.args.args][:9] == ["Q", "K", "V", "DO", "DK", "DV", "DQACC", "LSE", "DELTA"]
     assert 'LAUNCH = {"num_warps": 4, "maxnreg": 168}' in src
@@ -138,8 +147,9 @@ _CHILD = textwrap.dedent(r"""
 # causal 64 x 64 dK/dV kernel that stores dS at D=128 saves three values before its loop and
 # restores them after it. It ran 1.04-1.08x the other causal backwards on the H200 from N=4k
 # all the same, so it is kept.
-SPILL_ALLOWED = {("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64", "m64 n64 w4 s2 tma_host dq-matmul gluon1",
-                  "attn_bwd_dkdv"): 24}
+SPILL_ALLOWED = {
+    ("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64", "m64 n64 w4 s2 tma_host dq-matmul gluon1", "attn_bwd_dkdv"): 24
+}
 
 
 def test_compiles_for_sm90_without_spills_in_loops():
@@ -155,8 +165,13 @@ def test_compiles_for_sm90_without_spills_in_loops():
     assert len(got) == 3 * len(GLUON_BWD_CANDIDATES) - 2
     spilled = set()
     for k in got:
-        dq = ({"attn_bwd_dq_ds"} if "dq-matmul" in k["label"] else
-              {"attn_bwd_dq_store"} if "dq-atomic" in k["label"] else {"attn_bwd_dq"})
+        dq = (
+            {"attn_bwd_dq_ds"}
+            if "dq-matmul" in k["label"]
+            else {"attn_bwd_dq_store"}
+            if "dq-atomic" in k["label"]
+            else {"attn_bwd_dq"}
+        )
         assert set(k["kernels"]) == {"attn_bwd_delta", "attn_bwd_dkdv"} | dq, k
         for name, (spill, in_loops, losses, (bulk, atomics)) in k["kernels"].items():
             assert in_loops == 0 and losses == [], k
@@ -206,16 +221,19 @@ def test_tuner_measures_the_gluon_dkdv_candidates():
     space = space_for("sm90", "bwd")
     assert space.gluon == (0, 1, 2) and space_for("sm80", "bwd").gluon == (0,)
     bucket = Bucket.parse("bwd/bf16/d128/causal/sc0/g1/q4096/k4096/bh64")
-    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [p for p in GLUON_BWD_CANDIDATES
-                                                                     if p.dq_mode != "atomic"]
+    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [
+        p for p in GLUON_BWD_CANDIDATES if p.dq_mode != "atomic"
+    ]
     # dq_mode matmul's not measured under a causal mask at D=64, where it ran slower; the one
     # pass (dq_mode atomic) only at D=64
     short = Bucket.parse("bwd/bf16/d64/causal/sc0/g1/q4096/k4096/bh128")
     assert gluon_candidates(space, short.kernel_spec(), short) == [
-        p for p in GLUON_BWD_CANDIDATES if p.dq_mode in ("separate", "atomic")]
+        p for p in GLUON_BWD_CANDIDATES if p.dq_mode in ("separate", "atomic")
+    ]
     full = Bucket.parse("bwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
-    assert gluon_candidates(space, full.kernel_spec(), full) == [p for p in GLUON_BWD_CANDIDATES
-                                                                 if p.dq_mode != "atomic"]
+    assert gluon_candidates(space, full.kernel_spec(), full) == [
+        p for p in GLUON_BWD_CANDIDATES if p.dq_mode != "atomic"
+    ]
     other = Bucket.parse("bwd/bf16/d256/causal/sc0/g1/q4096/k4096/bh64")
     assert gluon_candidates(space, other.kernel_spec(), other) == []
 
@@ -235,6 +253,8 @@ ODD = [
 
 @gluon_cases(GLUON_BWD_CANDIDATES, ODD, "the Gluon backward")
 def test_gradients_through_the_gluon_backward_kernels(monkeypatch, params, dtype, shape, causal, layout):
+    from helpers import rand_qkv
+
     import fa2gen
     import fa2gen.runtime.autograd as autograd
     from fa2gen.bench.correctness import check_backward
@@ -242,7 +262,6 @@ def test_gradients_through_the_gluon_backward_kernels(monkeypatch, params, dtype
     from fa2gen.runtime.dispatch import clear_memo
     from fa2gen.runtime.launch import gluon_ready
     from fa2gen.runtime.problem import make_problem
-    from helpers import rand_qkv
 
     def choose(problem, dev, direction):
         return params if direction == "bwd" else default_params(problem.kernel_spec(), dev.arch, problem.seqlen_q)
@@ -263,12 +282,18 @@ def test_gradients_through_the_gluon_backward_kernels(monkeypatch, params, dtype
 
 # Keys past Nk in the last key block, and every score about -30: LSE far below zero, where a
 # padded key's P = exp(-LSE) would overflow dS's 16-bit cast unless the key is masked.
-PADDED = [((1, 2, 2, 96, 333, 64), False, "bhnd"), ((2, 4, 2, 130, 200, 128), False, "bnhd"),
-          ((1, 2, 1, 200, 333, 128), True, "bhnd")]
+PADDED = [
+    ((1, 2, 2, 96, 333, 64), False, "bhnd"),
+    ((2, 4, 2, 130, 200, 128), False, "bnhd"),
+    ((1, 2, 1, 200, 333, 128), True, "bhnd"),
+]
 
 
-@gluon_cases([p for p in GLUON_BWD_CANDIDATES if p.gluon == 2 or p.dq_mode == "atomic"], PADDED,
-             "the Gluon dQ kernel and the one pass")
+@gluon_cases(
+    [p for p in GLUON_BWD_CANDIDATES if p.gluon == 2 or p.dq_mode == "atomic"],
+    PADDED,
+    "the Gluon dQ kernel and the one pass",
+)
 def test_the_gluon_dq_kernel_masks_keys_past_nk(params, dtype, shape, causal, layout):
     from helpers import rand_qkv
 
@@ -308,6 +333,7 @@ class _Kernels:
         class _Kernel:
             def __getitem__(self, grid):
                 return lambda *args, **kw: seam.launched(name, grid, args, kw)
+
         return _Kernel()
 
 
@@ -334,12 +360,14 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
         def wrapper(*args, **kwargs):
             built[what] += 1
             return fn(*args, **kwargs)
+
         return wrapper
 
     monkeypatch.setattr(bwd, "host_descriptor", counted(bwd.host_descriptor, "host descriptors"))
     monkeypatch.setattr(bwd, "gluon_descriptor", counted(bwd.gluon_descriptor, "Gluon descriptors"))
-    monkeypatch.setattr(gl.NVMMASharedLayout, "get_default_for",
-                        staticmethod(counted(gl.NVMMASharedLayout.get_default_for, "layouts")))
+    monkeypatch.setattr(
+        gl.NVMMASharedLayout, "get_default_for", staticmethod(counted(gl.NVMMASharedLayout.get_default_for, "layouts"))
+    )
     gluon._layout.cache_clear()
     q, k, v, out, dout = (torch.randn(2, 3, 96, 128, dtype=torch.bfloat16) for _ in range(5))
     lse = torch.randn(2, 3, 96)
@@ -408,7 +436,8 @@ def test_the_one_pass_launches_its_kernel_on_half_boxes_and_fp32_sums(monkeypatc
         # ... of the very types (dtype, box, shared-memory layout) the ahead-of-time compile
         # gives the kernel's arguments
         assert [mangle_type(d).replace(" ", "") for d in descriptors] == [
-            signature[n].replace(" ", "") for n in ("Q", "K", "V", "DO", "DK", "DV", "DQACC")]
+            signature[n].replace(" ", "") for n in ("Q", "K", "V", "DO", "DK", "DV", "DQACC")
+        ]
 
 
 def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
@@ -452,8 +481,28 @@ class _MathKernels(_Kernels):
         delta.copy_((out.float() * dout.float()).sum(-1))
 
     @staticmethod
-    def _attn_bwd_dkdv(chunks, grid, Q, K, V, DO, DK, DV, DST, lse, delta, hkv, group, nq, nk, sm_scale, BAND,
-                       OUTER, INNER, **constexprs):
+    def _attn_bwd_dkdv(
+        chunks,
+        grid,
+        Q,
+        K,
+        V,
+        DO,
+        DK,
+        DV,
+        DST,
+        lse,
+        delta,
+        hkv,
+        group,
+        nq,
+        nk,
+        sm_scale,
+        BAND,
+        OUTER,
+        INNER,
+        **constexprs,
+    ):
         chunks.append((grid, tuple(Q.base.shape), tuple(DST.base.shape)))
         q, do = Q.base.float(), DO.base.float()
         k, v = (t.base.float().repeat_interleave(group, 1) for t in (K, V))
@@ -469,13 +518,12 @@ class _MathKernels(_Kernels):
         dst = (ds * sm_scale).transpose(-1, -2)
         for k0 in range(0, nk, OUTER):  # the kernel's causal loop starts at query block `first`,
             first = max(k0 - shift, 0) // INNER * INNER if chunks.causal else 0
-            DST.base[:, :, k0:k0 + OUTER, first:] = dst[:, :, k0:k0 + OUTER, first:]
+            DST.base[:, :, k0 : k0 + OUTER, first:] = dst[:, :, k0 : k0 + OUTER, first:]
             zero = first // BAND * BAND  # and zeros from the start of the band holding `first`
-            DST.base[:, :, k0:k0 + OUTER, zero:first] = 0
+            DST.base[:, :, k0 : k0 + OUTER, zero:first] = 0
 
     @staticmethod
-    def _attn_bwd_dq_ds(chunks, grid, DST, K, DQ, stride_b, stride_h, stride_n, hq, group, nq, nk, HEAD_DIM,
-                        **launch):
+    def _attn_bwd_dq_ds(chunks, grid, DST, K, DQ, stride_b, stride_h, stride_n, hq, group, nq, nk, HEAD_DIM, **launch):
         assert (stride_b, stride_h, stride_n) == DQ.stride()[:3] and DQ.shape[-1] == HEAD_DIM and DQ.stride(-1) == 1
         # the chunk's query heads, each of its k/v heads' group; a grid the GPU takes
         assert hq == DQ.shape[1] == DST.base.shape[1] and group == hq // K.base.shape[1]
@@ -484,7 +532,7 @@ class _MathKernels(_Kernels):
         ds, k = DST.base.float(), K.base.float().repeat_interleave(group, 1)
         for q0 in range(0, nq, rows):  # a program's queries; causal: the key blocks its last query sees
             end = -(-min(max(q0 + rows + nk - nq, 0), nk) // keys) * keys if chunks.causal else nk
-            DQ[:, :, q0:q0 + rows] = (ds[:, :, :end, q0:q0 + rows].transpose(-1, -2) @ k[:, :, :end]).to(DQ.dtype)
+            DQ[:, :, q0 : q0 + rows] = (ds[:, :, :end, q0 : q0 + rows].transpose(-1, -2) @ k[:, :, :end]).to(DQ.dtype)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -521,13 +569,15 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
     # (queries that see no key: softmax's NaN rows read as the kernels' zero output)
     out = torch.softmax(s, -1).nan_to_num(0.0) @ vf.repeat_interleave(3, 1)
     out.backward(dout.float())
-    params = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul",
-                          gluon=1)
+    params = TuningParams(
+        block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul", gluon=1
+    )
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
-    bwd.BackwardLaunch(problem, params).run(q, k, v, out.detach().to(torch.bfloat16), lse.detach(), dout,
-                                            dq=dq, dk=dk, dv=dv)
+    bwd.BackwardLaunch(problem, params).run(
+        q, k, v, out.detach().to(torch.bfloat16), lse.detach(), dout, dq=dq, dk=dk, dv=dv
+    )
     assert len(seen) == chunks
     assert sum(grid[1] for grid, _, _ in seen) == 3 * 2  # every (batch, k/v head) once
     for grid, q_shape, ds_shape in seen:
@@ -592,23 +642,30 @@ def test_dq_mode_matmul_runs_as_separate_past_its_scratch_bound(monkeypatch):
     assert bwd.BackwardLaunch(make_problem(q, k[:, :2], v[:, :2]), matmul).ds_matmul
 
 
-
 MATMUL = [p for p in GLUON_BWD_CANDIDATES if p.dq_mode == "matmul"]
 
 
-@gluon_cases(MATMUL, [((3, 6, 2, 200, 333, 64), True, "bhnd"), ((2, 4, 4, 257, 257, 128), False, "bnhd"),
-                     ((2, 4, 2, 700, 600, 128), True, "bhnd")], "the Gluon dK/dV kernel")
+@gluon_cases(
+    MATMUL,
+    [
+        ((3, 6, 2, 200, 333, 64), True, "bhnd"),
+        ((2, 4, 4, 257, 257, 128), False, "bnhd"),
+        ((2, 4, 2, 700, 600, 128), True, "bhnd"),
+    ],
+    "the Gluon dK/dV kernel",
+)
 @pytest.mark.parametrize("per_chunk", [1, 2], ids=["one-head", "two-heads"])
 def test_dq_mode_matmul_in_chunks_on_the_gpu(monkeypatch, params, dtype, shape, causal, layout, per_chunk):
     # The scratch bounded to one or two k/v heads' dS: chunks of heads within a batch element
     # (and, at two heads for Hkv=2, of whole batch elements); causal at Nq = 700, six dQ
     # programs a head, the last one short
+    from helpers import rand_qkv
+
     import fa2gen.runtime.backward as bwd
     from fa2gen.bench.correctness import check_backward
     from fa2gen.runtime.defaults import default_params
     from fa2gen.runtime.launch import forward
     from fa2gen.runtime.problem import make_problem
-    from helpers import rand_qkv
 
     b, hq, hkv, nq, nk, d = shape
     monkeypatch.setattr(bwd, "DS_SCRATCH_BYTES", per_chunk * 2 * (hq // hkv) * nk * (-(-nq // 8) * 8))

@@ -17,27 +17,30 @@ from fa2gen.generator.arch import fits, gluon_k_stages
 from fa2gen.generator.identity import Variant
 from fa2gen.generator.rendering import render, template_hash
 from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, gluon_overlap, param_space, unsupported
-from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES, gluon_candidates, prune_reason, space_for
 from fa2gen.store.buckets import Bucket
+from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES, gluon_candidates, prune_reason, space_for
 
 WS2 = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2)
 WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1)
 
 
-@pytest.mark.parametrize("spec,params,match", [
-    (KernelSpec(direction="bwd", head_dim=64), WS2, "steps"),
-    (KernelSpec(head_dim=64, mask="local"), WS2, "causal"),
-    (KernelSpec(head_dim=64, softcap=True), WS2, "softcap"),
-    (KernelSpec(head_dim=80), WS2, "head dims"),
-    (KernelSpec(head_dim=256), WS2, "head dims"),
-    (KernelSpec(head_dim=64), WS2.replace(loads="pointer"), "tma_host"),
-    (KernelSpec(head_dim=64), WS2.replace(block_n=32), "tiles"),
-    (KernelSpec(head_dim=128), WS2.replace(block_n=256), "tiles"),
-    (KernelSpec(dtype="fp8e4m3", head_dim=128), WS1.replace(block_m=128, num_warps=8, block_n=256), "tiles"),
-    (KernelSpec(head_dim=64), WS1.replace(gluon=2), "two 64-row warp groups"),
-    (KernelSpec(head_dim=64), WS2.replace(num_warps=4), "compute warps"),
-    (KernelSpec(head_dim=64), WS1.replace(num_stages=1), "num_stages >= 2"),
-])
+@pytest.mark.parametrize(
+    "spec,params,match",
+    [
+        (KernelSpec(direction="bwd", head_dim=64), WS2, "steps"),
+        (KernelSpec(head_dim=64, mask="local"), WS2, "causal"),
+        (KernelSpec(head_dim=64, softcap=True), WS2, "softcap"),
+        (KernelSpec(head_dim=80), WS2, "head dims"),
+        (KernelSpec(head_dim=256), WS2, "head dims"),
+        (KernelSpec(head_dim=64), WS2.replace(loads="pointer"), "tma_host"),
+        (KernelSpec(head_dim=64), WS2.replace(block_n=32), "tiles"),
+        (KernelSpec(head_dim=128), WS2.replace(block_n=256), "tiles"),
+        (KernelSpec(dtype="fp8e4m3", head_dim=128), WS1.replace(block_m=128, num_warps=8, block_n=256), "tiles"),
+        (KernelSpec(head_dim=64), WS1.replace(gluon=2), "two 64-row warp groups"),
+        (KernelSpec(head_dim=64), WS2.replace(num_warps=4), "compute warps"),
+        (KernelSpec(head_dim=64), WS1.replace(num_stages=1), "num_stages >= 2"),
+    ],
+)
 def test_rules_name_what_the_gluon_forward_cannot_do(spec, params, match):
     assert match in unsupported(spec, params)
     with pytest.raises(SpecError, match=match):
@@ -72,8 +75,11 @@ def test_gluon_points_of_the_space_are_exactly_the_valid_ones():
     assert walking.count("while t < num_tiles:") == 2 and walking.count("gl.atomic_add(TILES, 1, ") == 2
     assert "range(gl.program_id(0), num_tiles" not in walking and "TILES" not in plain
     full = KernelSpec(dtype="bf16", head_dim=128)
-    unmasked = render(full, TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host",
-                                         gluon=2, persistent=1), name="t")
+    unmasked = render(
+        full,
+        TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
+        name="t",
+    )
     assert unmasked.count("range(gl.program_id(0), num_tiles, gl.num_programs(0))") == 2  # loader and compute
     assert "TILES" not in unmasked
     assert not [p for p in param_space(KernelSpec(head_dim=96)) if p.gluon]
@@ -113,7 +119,9 @@ def test_renders_readable_gluon_with_its_knobs_and_launch():
     assert "gl.constexpr(False)" in one and '"num_warps": 4, "maxnreg": 128' in one
     assert "DESCALE_Q" not in one and "P_WIDTH = gl.constexpr(2)" in one
     fp8 = render(KernelSpec(dtype="fp8e4m3", head_dim=128), WS2, name="x")
-    assert "FP8 = gl.constexpr(True)" in fp8 and "P_WIDTH = gl.constexpr(4)" in fp8 and "MMA_K = gl.constexpr(32)" in fp8
+    assert (
+        "FP8 = gl.constexpr(True)" in fp8 and "P_WIDTH = gl.constexpr(4)" in fp8 and "MMA_K = gl.constexpr(32)" in fp8
+    )
     kernel = next(n for n in ast.parse(fp8).body if isinstance(n, ast.FunctionDef) and n.name == "attn_fwd")
     assert [a.arg for a in kernel.args.args][:8] == ["Q", "K", "V", "O", "LSE", "DESCALE_Q", "DESCALE_K", "DESCALE_V"]
 
@@ -238,8 +246,11 @@ _CHILD = textwrap.dedent(r"""
 # 80-register launch): 32 B without a mask, read back once a tile, none in the key loops
 # (benchmarks/sass_loops.py), and ran 1.05-1.08x the two-program form there all the same
 # (notebook, "three programs an SM, each on an 80-register launch").
-SPILL_ALLOWED = {"m128 n128 w8 s2 tma_host persistent1 gluon2": 256, "m128 n128 w8 s3 tma_host persistent1 gluon2": 100,
-                 "m64 n64 w4 s3 tma_host persistent3 gluon1": 32}
+SPILL_ALLOWED = {
+    "m128 n128 w8 s2 tma_host persistent1 gluon2": 256,
+    "m128 n128 w8 s3 tma_host persistent1 gluon2": 100,
+    "m64 n64 w4 s3 tma_host persistent3 gluon1": 32,
+}
 
 
 def test_compiles_for_sm90_without_spills():
@@ -278,8 +289,9 @@ def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
     short = Bucket.parse("fwd/fp16/d128/none/sc0/g1/q64/k64/bh128")
     assert gluon_candidates(space, short.kernel_spec(), short) == [WS1, WS1.replace(persistent=2)]
     fp8 = Bucket.parse("fwd/fp8e4m3/d128/none/sc0/g1/q4096/k4096/bh128")
-    assert gluon_candidates(space, fp8.kernel_spec(), fp8) == [p for p in GLUON_FP8_CANDIDATES + GLUON_CANDIDATES
-                                                               if p != three]
+    assert gluon_candidates(space, fp8.kernel_spec(), fp8) == [
+        p for p in GLUON_FP8_CANDIDATES + GLUON_CANDIDATES if p != three
+    ]
     # the 256-key steps: one persistent program an SM at most (two do not fit, notebook v64)
     wide = GLUON_FP8_CANDIDATES[0]
     assert prune_reason(space, fp8.kernel_spec(), fp8, wide) is None
@@ -295,8 +307,9 @@ def test_tuner_measures_the_gluon_candidates_the_bucket_can_run():
 def test_interpreter_falls_back_to_the_triton_template():
     """Gluon has no interpreter: a call given Gluon params runs the Triton template's
     default, and computes the right answer."""
-    from fa2gen.runtime.launch import Launch, gluon_ready
     from helpers import rand_qkv, run_and_check
+
+    from fa2gen.runtime.launch import Launch, gluon_ready
 
     q, k, v = rand_qkv(1, 2, 1, 37, 45, 64, seed=3)
     verdict, _, _ = run_and_check(q, k, v, WS1, causal=True)
@@ -330,9 +343,11 @@ ODD = [
 # causal shape, one without a mask and a long causal one with more tiles than programs.
 THREE = [p for p in GLUON_CANDIDATES if p.persistent == 3]
 ANY_D = [p for p in GLUON_CANDIDATES if p.persistent != 3]
-ODD64 = [c for c in ODD if c[0][5] == 64] + [((4, 16, 4, 512 + 33, 512 + 33, 64), True, "bhnd"),
-                                            ((8, 16, 16, 1024, 1024, 64), False, "bhnd"),
-                                            ((2, 8, 2, 4096 + 33, 4096 + 33, 64), True, "bnhd")]
+ODD64 = [c for c in ODD if c[0][5] == 64] + [
+    ((4, 16, 4, 512 + 33, 512 + 33, 64), True, "bhnd"),
+    ((8, 16, 16, 1024, 1024, 64), False, "bhnd"),
+    ((2, 8, 2, 4096 + 33, 4096 + 33, 64), True, "bnhd"),
+]
 
 
 @gluon_cases(ANY_D, ODD, "the Gluon forward")
@@ -368,7 +383,9 @@ def test_three_programs_an_sm_on_odd_shapes(params, dtype, shape, causal, layout
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("params", THREE, ids=lambda p: p.label())
-@pytest.mark.parametrize("shape,causal,layout", ODD64, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD64])
+@pytest.mark.parametrize(
+    "shape,causal,layout", ODD64, ids=[f"{s}-{'causal' if c else 'full'}-{lay}" for s, c, lay in ODD64]
+)
 def test_three_programs_an_sm_fp8(params, shape, causal, layout):
     """fp8 on three programs an SM, judged by the fp8 rule (docs/fp8.md)."""
     test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout)
@@ -377,14 +394,17 @@ def test_three_programs_an_sm_fp8(params, shape, causal, layout):
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("params", ANY_D + list(GLUON_FP8_CANDIDATES), ids=lambda p: p.label())
-@pytest.mark.parametrize("shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{l}" for s, c, l in ODD])
+@pytest.mark.parametrize(
+    "shape,causal,layout", ODD, ids=[f"{s}-{'causal' if c else 'full'}-{lay}" for s, c, lay in ODD]
+)
 def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
     """e4m3 inputs with per-(batch, head) factors, judged by the fp8 rule (docs/fp8.md)."""
+    from helpers import rand_fp8
+
     from fa2gen.bench.correctness import check_forward
     from fa2gen.runtime.fp8 import check_descales, transposed_v
     from fa2gen.runtime.launch import forward, gluon_ready
     from fa2gen.runtime.problem import make_problem
-    from helpers import rand_fp8
 
     (q, k, v), scales = rand_fp8(*shape, device="cuda", seed=sum(shape), layout=layout)
     problem = make_problem(q, k, v, causal=causal)
@@ -400,16 +420,21 @@ def test_gluon_fp8_forward_on_odd_shapes(params, shape, causal, layout):
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("shape,causal", [((4, 16, 4, 512 + 33, 512 + 33, 128), True),
-                                          ((8, 16, 16, 1024, 1024, 64), False),
-                                          ((3, 8, 2, 200, 333, 128), True)], ids=["gqa-causal", "full", "nq<nk"])
+@pytest.mark.parametrize(
+    "shape,causal",
+    [
+        ((4, 16, 4, 512 + 33, 512 + 33, 128), True),
+        ((8, 16, 16, 1024, 1024, 64), False),
+        ((3, 8, 2, 200, 333, 128), True),
+    ],
+    ids=["gqa-causal", "full", "nq<nk"],
+)
 def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
     """More tiles than programs (two per SM, run in two waves of one): every program walks
     several, carrying ring phases and Q's buffer from one tile to the next."""
     from helpers import rand_qkv, run_and_check
 
-    params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2,
-                          persistent=2)
+    params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=2)
     q, k, v = rand_qkv(*shape, dtype=dtype, device="cuda", seed=sum(shape))
     verdict, _, _ = run_and_check(q, k, v, params, causal=causal)
     assert verdict.ok, str(verdict)
@@ -417,11 +442,15 @@ def test_persistent_gluon_forward_walks_many_tiles(dtype, shape, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
-@pytest.mark.parametrize("params", [TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host",
-                                                 gluon=2, persistent=2),
-                                    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2,
-                                                 loads="tma_host", gluon=2, persistent=1), *THREE],
-                         ids=lambda p: p.label())
+@pytest.mark.parametrize(
+    "params",
+    [
+        TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=2),
+        TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
+        *THREE,
+    ],
+    ids=lambda p: p.label(),
+)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("waves", [0, 1, 2], ids=["one-tile", "grid+1", "2grid+1"])
 def test_persistent_programs_that_take_none_one_or_more_tiles(params, causal, waves):
@@ -444,8 +473,11 @@ def test_persistent_programs_that_take_none_one_or_more_tiles(params, causal, wa
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("persistent", [0, 2], ids=["plain", "persistent2"])
-@pytest.mark.parametrize("shape", [(8, 16, 4, 1000 + 9, 1000 + 9, 128), (4, 16, 4, 1009, 700, 128),
-                                   (16, 16, 4, 200, 777, 64)], ids=["square", "nq>nk", "nq<nk"])
+@pytest.mark.parametrize(
+    "shape",
+    [(8, 16, 4, 1000 + 9, 1000 + 9, 128), (4, 16, 4, 1009, 700, 128), (16, 16, 4, 200, 777, 64)],
+    ids=["square", "nq>nk", "nq<nk"],
+)
 def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, persistent, shape):
     """On 64-key blocks the first of two partitions stops a block before the tile's last and
     hands the skipped slots back once they land, at every ring depth; with more tiles (512-1024)
@@ -453,8 +485,9 @@ def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, per
     slots across them. Nq > Nk: the first rows see no key; Nq < Nk: more keys than queries."""
     from helpers import rand_qkv, run_and_check
 
-    params = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,
-                          persistent=persistent)
+    params = TuningParams(
+        block_m=128, block_n=64, num_warps=8, num_stages=stages, loads="tma_host", gluon=2, persistent=persistent
+    )
     q, k, v = rand_qkv(*shape, dtype=torch.bfloat16, device="cuda", seed=sum(shape) + stages)
     verdict, _, _ = run_and_check(q, k, v, params, causal=True)
     assert verdict.ok, str(verdict)
@@ -463,8 +496,11 @@ def test_causal_partitions_skip_the_key_blocks_their_rows_do_not_see(stages, per
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 @pytest.mark.parametrize("persistent", [0, 1], ids=["plain", "persistent1"])
-@pytest.mark.parametrize("stages,shape", [(3, (4, 16, 4, 700, 1009, 128)), (3, (4, 16, 4, 1009, 945, 128)),
-                                          (4, (4, 16, 4, 1000, 1064, 64))], ids=["nq<nk", "nq>nk", "d64-4stages"])
+@pytest.mark.parametrize(
+    "stages,shape",
+    [(3, (4, 16, 4, 700, 1009, 128)), (3, (4, 16, 4, 1009, 945, 128)), (4, (4, 16, 4, 1000, 1064, 64))],
+    ids=["nq<nk", "nq>nk", "d64-4stages"],
+)
 def test_overlapped_softmax_with_a_shorter_k_ring_where_partitions_skip_blocks(stages, persistent, shape):
     """The overlapped softmax (two partitions on 128 x 128 tiles, three stages or more) keeps
     K a slot shallower than V. In these shapes one of a tile's partitions skips its last key
@@ -472,15 +508,18 @@ def test_overlapped_softmax_with_a_shorter_k_ring_where_partitions_skip_blocks(s
     refilling both rings across tiles after the skipped slots were handed back."""
     from helpers import rand_qkv, run_and_check
 
-    params = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=stages, loads="tma_host", gluon=2,
-                          persistent=persistent)
+    params = TuningParams(
+        block_m=128, block_n=128, num_warps=8, num_stages=stages, loads="tma_host", gluon=2, persistent=persistent
+    )
     q, k, v = rand_qkv(*shape, dtype=torch.float16, device="cuda", seed=sum(shape) + stages)
     verdict, _, _ = run_and_check(q, k, v, params, causal=True)
     assert verdict.ok, str(verdict)
 
 
-QUEUED = [TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
-          TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=1)]
+QUEUED = [
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=1),
+]
 
 
 @pytest.mark.gpu
@@ -490,10 +529,11 @@ def test_causal_tile_counter_is_left_at_zero_on_each_stream(params):
     """The causal persistent forward's programs claim tiles from a counter that its last
     program sets back to zero: launches one after another on a stream, and on another
     stream with its own counter, each compute every tile (one and two compute partitions)."""
+    from helpers import rand_qkv
+
     from fa2gen.bench.correctness import check_forward
     from fa2gen.runtime.launch import forward, tile_counter
     from fa2gen.runtime.problem import make_problem
-    from helpers import rand_qkv
 
     q, k, v = rand_qkv(4, 16, 4, 1000 + 9, 1000 + 9, 128, dtype=torch.float16, device="cuda", seed=5)
     problem = make_problem(q, k, v, causal=True)
@@ -517,10 +557,11 @@ def test_causal_tile_counter_is_left_at_zero_on_each_stream(params):
 def test_causal_queue_under_cuda_graphs():
     """Two graphs of the causal persistent forward, captured on the one capture stream and
     replayed in the other order, then an eager call: each has a counter its replay zeroes."""
+    from helpers import rand_qkv
+
     from fa2gen.bench.correctness import check_forward
     from fa2gen.runtime.launch import Launch, forward
     from fa2gen.runtime.problem import make_problem
-    from helpers import rand_qkv
 
     params = QUEUED[0]
     cases = []
@@ -552,10 +593,11 @@ def test_causal_queue_under_cuda_graphs():
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="the Gluon forward runs on sm90")
 def test_gluon_forward_falls_back_where_descriptors_cannot_go():
+    from helpers import rand_qkv, run_and_check
+
     from fa2gen.runtime.defaults import default_params
     from fa2gen.runtime.launch import Launch, gluon_ready
     from fa2gen.runtime.problem import make_problem
-    from helpers import rand_qkv, run_and_check
 
     q, k, v = rand_qkv(1, 4, 4, 300, 300, 64, device="cuda", seed=9)
     # a base 2 bytes past a 16-byte boundary: no descriptor can address it
@@ -572,12 +614,13 @@ def test_gluon_forward_falls_back_where_descriptors_cannot_go():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gradients_through_a_gluon_forward(monkeypatch, causal):
     """attention() with the Gluon forward dispatched: its LSE feeds the backward."""
+    from helpers import rand_qkv
+
     import fa2gen
     import fa2gen.runtime.api as api
     from fa2gen.bench.correctness import check_backward
     from fa2gen.runtime.dispatch import clear_memo
     from fa2gen.runtime.problem import make_problem
-    from helpers import rand_qkv
 
     chosen = []
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from helpers import rand_fp8, rand_qkv, run_and_check
 
 import fa2gen
 from fa2gen.bench.correctness import check_backward, check_forward
@@ -16,7 +17,6 @@ from fa2gen.runtime.dispatch import clear_memo, select_params
 from fa2gen.runtime.fp8 import check_descales
 from fa2gen.runtime.launch import forward
 from fa2gen.runtime.problem import make_problem
-from helpers import rand_fp8, rand_qkv, run_and_check
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.float16, torch.bfloat16]
@@ -89,9 +89,23 @@ def test_new_sequence_length_does_not_recompile():
 def test_bench_cli_on_gpu(tmp_path):
     out = tmp_path / "b.json"
     r = subprocess.run(
-        [sys.executable, "-m", "fa2gen", "bench", "--shapes", "2,16,2048,128", "--dtypes", "fp16", "--causal", "both",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "fa2gen",
+            "bench",
+            "--shapes",
+            "2,16,2048,128",
+            "--dtypes",
+            "fp16",
+            "--causal",
+            "both",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
@@ -122,10 +136,17 @@ def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
     db = TunedDB(tmp_path / "t.sqlite")
     ev = GpuEvaluator(workers=4)
     try:
-        [r] = tune([bucket], ev, space_for(dev.arch), db=db, storage=open_storage(f"sqlite:///{tmp_path / 's.sqlite'}"),
-                   validity_for=lambda b: Validity(dev.name, f"{dev.capability[0]}.{dev.capability[1]}",
-                                                   triton.__version__, template_hash("fwd")),
-                   options=TuneOptions(trials=8, batch=4))
+        [r] = tune(
+            [bucket],
+            ev,
+            space_for(dev.arch),
+            db=db,
+            storage=open_storage(f"sqlite:///{tmp_path / 's.sqlite'}"),
+            validity_for=lambda b: Validity(
+                dev.name, f"{dev.capability[0]}.{dev.capability[1]}", triton.__version__, template_hash("fwd")
+            ),
+            options=TuneOptions(trials=8, batch=4),
+        )
     finally:
         ev.close()
     assert r.best is not None and r.default_ms is not None
@@ -244,8 +265,9 @@ def test_fp8_calls_launch_v_copy_and_attention_directly(monkeypatch):
     from fa2gen.runtime import direct
 
     taken = direct_launches_taken(monkeypatch)
-    q, k, v = (t.to(torch.float8_e4m3fn) for t in rand_qkv(2, 4, 2, 333, 517, 128, device="cuda", seed=7,
-                                                           dtype=torch.float32))
+    q, k, v = (
+        t.to(torch.float8_e4m3fn) for t in rand_qkv(2, 4, 2, 333, 517, 128, device="cuda", seed=7, dtype=torch.float32)
+    )
 
     def calls(enabled):
         monkeypatch.setattr(direct, "ENABLED", enabled)
@@ -357,8 +379,9 @@ def _fp8_checked(shape, params=None, seed=0, **kw):
     problem = make_problem(q, k, v, **kw)
     descales = check_descales(problem, q.device, *scales)
     if params is None:  # attention() as users call it
-        out, lse = fa2gen.attention(q, k, v, return_lse=True, descale_q=scales[0], descale_k=scales[1],
-                                    descale_v=scales[2], **kw)
+        out, lse = fa2gen.attention(
+            q, k, v, return_lse=True, descale_q=scales[0], descale_k=scales[1], descale_v=scales[2], **kw
+        )
     else:  # one variant, on NaN-poisoned outputs
         out = torch.full(q.shape, float("nan"), device="cuda", dtype=torch.bfloat16)
         lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("nan"), device="cuda")
@@ -410,8 +433,9 @@ def test_fp8_repeated_calls_check_each_call_s_factors():
     (q, k, v), scales = rand_fp8(2, 4, 2, 1000, 1000, 128, device="cuda", seed=5)
     problem = make_problem(q, k, v)
     for factors in ([s.amax().reshape(()) for s in scales], scales):
-        out, lse = fa2gen.attention(q, k, v, return_lse=True, descale_q=factors[0], descale_k=factors[1],
-                                    descale_v=factors[2])
+        out, lse = fa2gen.attention(
+            q, k, v, return_lse=True, descale_q=factors[0], descale_k=factors[1], descale_v=factors[2]
+        )
         verdict = check_forward(q, k, v, problem, out, lse, descales=check_descales(problem, q.device, *factors))
         assert verdict.ok, str(verdict)
     with pytest.raises(ValueError, match="descale_v"):

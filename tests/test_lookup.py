@@ -54,7 +54,8 @@ def env(tmp_path, monkeypatch):
 
 def write_yaml(root, device, entries, name=None):
     (root / "sm90" / f"{name or device}.yaml").write_text(
-        dump(entries, arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0"))
+        dump(entries, arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0")
+    )
     shipped.shipped_files.cache_clear()  # shipped files are read once per process
 
 
@@ -97,8 +98,17 @@ def test_stale_entries_are_skipped(env, caplog):
     assert "another Triton" in caplog.text
 
 
-@pytest.mark.parametrize("installed,tuned", [("3.6.0", "3.6.0"), ("3.7.1", "3.6.0"), ("3.8.0", "3.9.0"),
-                                               ("3.9.0", "3.9.0"), ("3.10.0", "3.9.0"), ("3.5.1", "3.6.0")])
+@pytest.mark.parametrize(
+    "installed,tuned",
+    [
+        ("3.6.0", "3.6.0"),
+        ("3.7.1", "3.6.0"),
+        ("3.8.0", "3.9.0"),
+        ("3.9.0", "3.9.0"),
+        ("3.10.0", "3.9.0"),
+        ("3.5.1", "3.6.0"),
+    ],
+)
 def test_a_triton_without_shipped_entries_takes_the_nearest_versions(env, monkeypatch, installed, tuned):
     root, _ = env
     b = Bucket.of(problem())
@@ -133,8 +143,12 @@ def test_an_exact_bucket_anywhere_before_a_nearest_one(env, monkeypatch):
     b = Bucket.of(problem())
     near = Bucket.of(problem(bh=(8, 16)))
     other = Bucket.of(problem(n=1024))
-    write_yaml(root, "NVIDIA_H200", [entry(P_DB, near, validity(triton_version="3.9.0")),
-                                     entry(P_ARCH, other, validity(triton_version="3.9.0"))], name="H200-3.9")
+    write_yaml(
+        root,
+        "NVIDIA_H200",
+        [entry(P_DB, near, validity(triton_version="3.9.0")), entry(P_ARCH, other, validity(triton_version="3.9.0"))],
+        name="H200-3.9",
+    )
     write_yaml(root, H100, [entry(P_DEV, b, validity(H100, triton_version="3.9.0"))])
     c = choose()
     assert (c.source, c.params, c.bucket) == ("shipped-arch", P_DEV, b)

@@ -40,15 +40,19 @@ TORCH_MINORS = ("2.11", "2.12", "2.13", "2.14", "2.15")
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "FA2GEN_DISABLE_TUNED")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "FA2GEN_DISABLE_TUNED")
+    }
     env.update(extra)
     return env
 
 
 def _run(cmd, cwd: Path, timeout: float = 120, **extra_env: str) -> str:
-    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_env(**extra_env), capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=_env(**extra_env), capture_output=True, text=True, timeout=timeout
+    )
     assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     return r.stdout
 
@@ -64,14 +68,17 @@ def _venv(python: str, where: Path, wheel: Path, outer_site: bool) -> Path:
     _run([python, "-m", "venv", where], cwd=where.parent)
     py = where / "bin" / "python"
     if outer_site:
-        purelib = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=where)
-                       .strip())
+        purelib = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=where).strip())
         dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
         (purelib / "_outer_env.pth").write_text(
-            "".join(f"import site; site.addsitedir({d!r})\n" for d in dirs if os.path.isdir(d)))
+            "".join(f"import site; site.addsitedir({d!r})\n" for d in dirs if os.path.isdir(d))
+        )
     # --ignore-installed: the outer fa2gen of the same version must not count as installed.
-    _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q", wheel], cwd=where,
-         PIP_DISABLE_PIP_VERSION_CHECK="1")
+    _run(
+        [py, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q", wheel],
+        cwd=where,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+    )
     return py
 
 
@@ -99,7 +106,8 @@ def test_wheel_holds_the_tuned_configs(wheel):
     shipped = {n for n in names if n.startswith("fa2gen/tuned_configs/")}
     expected = {"fa2gen/tuned_configs/__init__.py", "fa2gen/tuned_configs/README.md"} | {
         f"fa2gen/tuned_configs/{p.relative_to(ROOT / 'tuned_configs').as_posix()}"
-        for p in (ROOT / "tuned_configs").glob("*/*.yaml")}
+        for p in (ROOT / "tuned_configs").glob("*/*.yaml")
+    }
     assert "fa2gen/tuned_configs/sm90/NVIDIA_H200.yaml" in expected
     assert shipped == expected
 
@@ -214,16 +222,36 @@ def _uv() -> str | None:
         return shutil.which("uv")
 
 
-NETWORK_ERROR = re.compile(r"dns error|error sending request|failed to fetch|client error \(connect\)|connection refused"
-                           r"|timed out|network is unreachable", re.IGNORECASE)
+NETWORK_ERROR = re.compile(
+    r"dns error|error sending request|failed to fetch|client error \(connect\)|connection refused"
+    r"|timed out|network is unreachable",
+    re.IGNORECASE,
+)
 
 
 def _compile(uv: str, requirements: list[str], cwd: Path) -> tuple[int, str, str]:
     """Resolve ``requirements`` for Linux x86_64, Python 3.12: metadata only, nothing installed."""
-    cmd = [uv, "pip", "compile", "--no-config", "--no-header", "--python-version", "3.12",
-           "--python-platform", "x86_64-manylinux_2_28", "-"]
-    r = subprocess.run(cmd, input="\n".join(requirements) + "\n", cwd=cwd, capture_output=True, text=True,
-                       timeout=180, env=_env(UV_PYTHON_DOWNLOADS="never"))
+    cmd = [
+        uv,
+        "pip",
+        "compile",
+        "--no-config",
+        "--no-header",
+        "--python-version",
+        "3.12",
+        "--python-platform",
+        "x86_64-manylinux_2_28",
+        "-",
+    ]
+    r = subprocess.run(
+        cmd,
+        input="\n".join(requirements) + "\n",
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=_env(UV_PYTHON_DOWNLOADS="never"),
+    )
     return r.returncode, r.stdout, r.stderr
 
 
@@ -248,8 +276,11 @@ def test_dependencies_resolve_beside_each_torch(tmp_path):
         pytest.skip("uv is missing (pip install uv)")
     ours = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (triton_req,) = [Requirement(r) for r in ours if Requirement(r).name == "triton"]
-    jobs = {(minor, alone): [f"torch=={minor}.*", *([] if alone else ours)]
-            for minor in TORCH_MINORS for alone in (True, False)}
+    jobs = {
+        (minor, alone): [f"torch=={minor}.*", *([] if alone else ours)]
+        for minor in TORCH_MINORS
+        for alone in (True, False)
+    }
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         results = dict(zip(jobs, pool.map(lambda reqs: _compile(uv, reqs, tmp_path), jobs.values())))
     failed = {k: err for k, (rc, _, err) in results.items() if rc != 0}

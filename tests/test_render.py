@@ -31,8 +31,10 @@ def test_every_param_point_renders_and_parses(spec):
         tree = ast.parse(head)
         config = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CONFIG")
         assert ast.literal_eval(config.value) == {
-            "BLOCK_M": params.block_m, "BLOCK_N": params.block_n,
-            "num_warps": params.num_warps, "num_stages": params.num_stages,
+            "BLOCK_M": params.block_m,
+            "BLOCK_N": params.block_n,
+            "num_warps": params.num_warps,
+            "num_stages": params.num_stages,
         }
         structure = (params.loads, params.persistent)
         if structure not in bodies:
@@ -70,15 +72,27 @@ def test_structure_follows_spec():
     assert "k_base.load([start_n, 0])" in device and device.count("tl.make_tensor_descriptor(") == 4
     assert "tl.load(" not in src(loads="tma_host").split("def attn_fwd")[1].split("tl.store(LSE")[0]
     causal = src(mask="causal")
-    assert "offs_m[:, None] + diag" in causal and "win_right" not in causal.split("def attn_fwd")[1].split("m_i = tl.full")[0].replace("win_left, win_right,", "")
+    assert "offs_m[:, None] + diag" in causal and "win_right" not in causal.split("def attn_fwd")[1].split(
+        "m_i = tl.full"
+    )[0].replace("win_left, win_right,", "")
     local = src(mask="local")
     assert local.count("_attend_blocks(") == 4  # definition + three key ranges
 
 
 def test_template_header_lists_knobs():
     head = template_source("fwd").split("import triton")[0]
-    for knob in ("mask", "softcap", "loads", "pad_head", "fp8", "persistent", "BLOCK_M", "BLOCK_N", "num_warps",
-                 "num_stages"):
+    for knob in (
+        "mask",
+        "softcap",
+        "loads",
+        "pad_head",
+        "fp8",
+        "persistent",
+        "BLOCK_M",
+        "BLOCK_N",
+        "num_warps",
+        "num_stages",
+    ):
         assert knob in head
     head = template_source("bwd").split("import triton")[0]
     for knob in ("mask", "softcap", "loads", "pad_head", "dq_mode", "OUTER", "INNER", "num_warps", "num_stages"):

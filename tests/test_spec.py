@@ -34,8 +34,15 @@ def test_spec_rejects(field, value):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("block_m", 48), ("block_m", 512), ("block_n", "64"), ("num_warps", 3), ("num_stages", 0),
-     ("num_stages", True), ("loads", "tma; os.system('x')")],
+    [
+        ("block_m", 48),
+        ("block_m", 512),
+        ("block_n", "64"),
+        ("num_warps", 3),
+        ("num_stages", 0),
+        ("num_stages", True),
+        ("loads", "tma; os.system('x')"),
+    ],
 )
 def test_params_reject(field, value):
     with pytest.raises(SpecError, match=field):

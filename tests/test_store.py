@@ -16,14 +16,26 @@ B = Bucket("fwd", "bf16", 80, "local", True, 4, 1024, 8192, 256)
 
 
 def entry(ms=1.0, params=TuningParams(128, 64, 4, 2, "tma_host"), bucket=B, validity=VALID, default_ms=1.5):
-    return Entry(validity, bucket, params, Measurement(ms, ms * 0.98, ms * 1.03, 400.0, 1e-3), default_ms=default_ms,
-                 trials=17, created_at="2026-11-29T00:00:00+00:00")
+    return Entry(
+        validity,
+        bucket,
+        params,
+        Measurement(ms, ms * 0.98, ms * 1.03, 400.0, 1e-3),
+        default_ms=default_ms,
+        trials=17,
+        created_at="2026-11-29T00:00:00+00:00",
+    )
 
 
 def test_bucket_keys_round_trip_and_reject_garbage():
     assert Bucket.parse(B.key) == B
-    for bad in ("fwd/fp16/d64", "fwd/fp16/d64/none/sc0/g3/q64/k64/bh64", "fwd/fp16/d64/none/sc0/g1/q64/k64/bh64;x",
-                "rev/fp16/d64/none/sc0/g1/q64/k64/bh64", 42):
+    for bad in (
+        "fwd/fp16/d64",
+        "fwd/fp16/d64/none/sc0/g3/q64/k64/bh64",
+        "fwd/fp16/d64/none/sc0/g1/q64/k64/bh64;x",
+        "rev/fp16/d64/none/sc0/g1/q64/k64/bh64",
+        42,
+    ):
         with pytest.raises(ValueError):
             Bucket.parse(bad)
     backward = "bwd/bf16/d128/causal/sc0/g4/q2048/k2048/bh64"
@@ -61,8 +73,10 @@ def test_db_put_superseding_takes_a_slower_entry_while_the_row_is_unchanged(tmp_
     db.put([entry(ms=1.3, params=other)], superseding=held)  # the row is no longer `held`
     assert db.get(VALID, B).params == slower
     with pytest.raises(ValueError, match="superseding"):
-        db.put([entry(ms=1.3, params=other), entry(ms=1.3, bucket=Bucket.parse(B.key.replace("q1024", "q512")))],
-               superseding=held)
+        db.put(
+            [entry(ms=1.3, params=other), entry(ms=1.3, bucket=Bucket.parse(B.key.replace("q1024", "q512")))],
+            superseding=held,
+        )
 
 
 def test_db_skips_tampered_rows(tmp_path, caplog):
@@ -92,9 +106,14 @@ def test_db_refuses_newer_schema_and_non_databases(tmp_path):
 
 
 def test_yaml_round_trip():
-    entries = [entry(), entry(bucket=Bucket("fwd", "fp16", 64, "causal", False, 1, 512, 512, 1024), default_ms=None),
-               entry(bucket=Bucket("bwd", "bf16", 128, "none", False, 1, 4096, 4096, 64),
-                     params=TuningParams(128, 32, 8, 3, "pointer", "atomic"))]
+    entries = [
+        entry(),
+        entry(bucket=Bucket("fwd", "fp16", 64, "causal", False, 1, 512, 512, 1024), default_ms=None),
+        entry(
+            bucket=Bucket("bwd", "bf16", 128, "none", False, 1, 4096, 4096, 64),
+            params=TuningParams(128, 32, 8, 3, "pointer", "atomic"),
+        ),
+    ]
     text = dump(entries, arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0")
     cfg = parse(text)
     assert cfg.arch == "sm90" and cfg.meta["device"] == "NVIDIA_H200"
@@ -124,17 +143,62 @@ def _doc(**changes):
         (_doc(capability=9.0), "capability"),
         (_doc(template_hash={"fwd": "{{ evil }}"}), "template_hash"),
         (_doc(entry_bucket="fwd/fp16/d64/none/sc0/g1/q64/k64/bh64\nimport os"), "bucket"),
-        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2,
-                            "loads": "tma_host\nimport os"}), "loads"),
-        (_doc(entry_params={"block_m": 100, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer"}),
-         "block_m"),
-        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer",
-                            "extra": 1}), "unknown"),
-        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer",
-                            "dq_mode": "atomic\nimport os"}), "dq_mode"),
+        (
+            _doc(
+                entry_params={
+                    "block_m": 128,
+                    "block_n": 64,
+                    "num_warps": 4,
+                    "num_stages": 2,
+                    "loads": "tma_host\nimport os",
+                }
+            ),
+            "loads",
+        ),
+        (
+            _doc(entry_params={"block_m": 100, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer"}),
+            "block_m",
+        ),
+        (
+            _doc(
+                entry_params={
+                    "block_m": 128,
+                    "block_n": 64,
+                    "num_warps": 4,
+                    "num_stages": 2,
+                    "loads": "pointer",
+                    "extra": 1,
+                }
+            ),
+            "unknown",
+        ),
+        (
+            _doc(
+                entry_params={
+                    "block_m": 128,
+                    "block_n": 64,
+                    "num_warps": 4,
+                    "num_stages": 2,
+                    "loads": "pointer",
+                    "dq_mode": "atomic\nimport os",
+                }
+            ),
+            "dq_mode",
+        ),
         # a backward knob on a forward bucket: would not render, so it is not data we accept
-        (_doc(entry_params={"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer",
-                            "dq_mode": "atomic"}), "backward knob"),
+        (
+            _doc(
+                entry_params={
+                    "block_m": 128,
+                    "block_n": 64,
+                    "num_warps": 4,
+                    "num_stages": 2,
+                    "loads": "pointer",
+                    "dq_mode": "atomic",
+                }
+            ),
+            "backward knob",
+        ),
         (_doc(entry_median_ms=float("nan")), "median_ms"),
         (_doc(entry_median_ms=-1.0), "median_ms"),
         (_doc(entry_trials=True), "trials"),
@@ -173,7 +237,7 @@ def test_readonly_reader_is_not_blocked_by_a_writer(tmp_path):
     "text,match",
     [
         (_doc(arch=["sm90"]), "arch"),
-        (_doc(entry_median_ms=10 ** 400), "median_ms"),
+        (_doc(entry_median_ms=10**400), "median_ms"),
         (_doc(entry_median_ms=0), "median_ms"),
         (_doc(triton="3.6.0\n"), "triton"),
         ("[" * 5000 + "]" * 5000, "mapping|invalid file|not valid YAML"),

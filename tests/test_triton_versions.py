@@ -22,7 +22,6 @@ import venv
 from pathlib import Path
 
 import pytest
-
 import triton
 
 OTHERS = os.environ.get("FA2GEN_OTHER_TRITONS", "3.7.1,3.8.0,3.9.0").split(",")
@@ -50,8 +49,12 @@ def other(request):
     found = subprocess.run(check, capture_output=True, text=True) if python.exists() else None
     if found is None or found.returncode or found.stdout.split()[0] != version:
         venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(env_dir)
-        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", f"triton=={version}"],
-                             capture_output=True, text=True, timeout=900)
+        got = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", f"triton=={version}"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if got.returncode:
             _unavailable(f"cannot install triton {version}: {got.stderr.strip()[-300:]}")
         found = subprocess.run(check, capture_output=True, text=True)
@@ -68,9 +71,21 @@ def _env(**extra):
 def test_every_default_and_shipped_config_compiles_for_sm90(other, tmp_path):
     version, python = other
     gluon_only = version != NEWEST
-    r = subprocess.run([str(python), str(TESTS / "compile_all.py"), "--arch", "sm90", "--workers", "2",
-                        *(["--gluon-only"] if gluon_only else [])],
-                       capture_output=True, text=True, timeout=1500, env=_env(FA2GEN_CACHE_DIR=str(tmp_path)))
+    r = subprocess.run(
+        [
+            str(python),
+            str(TESTS / "compile_all.py"),
+            "--arch",
+            "sm90",
+            "--workers",
+            "2",
+            *(["--gluon-only"] if gluon_only else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=_env(FA2GEN_CACHE_DIR=str(tmp_path)),
+    )
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     assert lines, r.stderr[-3000:]
     summary = json.loads(lines[-1])
@@ -86,17 +101,27 @@ def test_every_default_and_shipped_config_compiles_for_sm90(other, tmp_path):
 # The compatibility hooks, rendering, and the kernels' checks against the reference under the
 # interpreter (about 430 tests, 2 minutes): the forward's on odd shapes along each load path,
 # the backward's and fp8's. Under the older others, the compatibility hooks alone.
-_SAMPLE = ["tests/test_compat.py", "tests/test_render.py",
-           "tests/test_forward_interpreter.py::test_forward_matches_reference",
-           "tests/test_forward_interpreter.py::test_rows_without_keys_are_zero_with_neg_inf_lse",
-           "tests/test_backward_interpreter.py", "tests/test_fp8_interpreter.py"]
+_SAMPLE = [
+    "tests/test_compat.py",
+    "tests/test_render.py",
+    "tests/test_forward_interpreter.py::test_forward_matches_reference",
+    "tests/test_forward_interpreter.py::test_rows_without_keys_are_zero_with_neg_inf_lse",
+    "tests/test_backward_interpreter.py",
+    "tests/test_fp8_interpreter.py",
+]
 
 
 def test_compat_and_interpreter_checks(other):
     version, python = other
     tests = _SAMPLE if version == NEWEST else _SAMPLE[:1]
-    r = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-                       capture_output=True, text=True, timeout=1500, cwd=ROOT, env=_env())
+    r = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+        env=_env(),
+    )
     tail = r.stdout[-3000:]
     assert r.returncode == 0, tail + r.stderr[-2000:]
     assert " passed" in tail and " failed" not in tail

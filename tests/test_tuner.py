@@ -14,13 +14,13 @@ import pytest
 from optuna.trial import TrialState
 
 from fa2gen.generator.spec import KernelSpec, TuningParams
+from fa2gen.runtime.defaults import bucket_default
 from fa2gen.store.buckets import Bucket
 from fa2gen.store.db import TunedDB
 from fa2gen.store.records import Validity
 from fa2gen.tuner.evaluate import CostModelEvaluator, representative_problem
 from fa2gen.tuner.grid import GridError, buckets_from_grid, default_buckets
 from fa2gen.tuner.run import TuneOptions, open_storage, tune
-from fa2gen.runtime.defaults import bucket_default
 from fa2gen.tuner.space import GLUON_BWD_CANDIDATES, SPACES, local_moves, prune_reason, space_for
 
 HERE = Path(__file__).parent
@@ -33,8 +33,15 @@ def _tune(tmp_path, buckets, trials=30, sampler="tpe", evaluator=None, resume=Tr
     db = TunedDB(tmp_path / "tuned.sqlite")
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.sqlite'}")
     ev = evaluator or CostModelEvaluator(optimum=OPTIMUM)
-    results = tune(buckets, ev, space_for(arch), db=db, storage=storage, validity_for=lambda b: VALID,
-                   options=TuneOptions(trials=trials, sampler=sampler, seed=1, resume=resume))
+    results = tune(
+        buckets,
+        ev,
+        space_for(arch),
+        db=db,
+        storage=storage,
+        validity_for=lambda b: VALID,
+        options=TuneOptions(trials=trials, sampler=sampler, seed=1, resume=resume),
+    )
     return db, storage, ev, results
 
 
@@ -68,14 +75,18 @@ def test_pruning_reasons_and_no_failed_trials(tmp_path):
     assert all(t.user_attrs.get("fail_reason") == "duplicate within a batch" for t in failed)
     reasons = [t.user_attrs["prune_reason"] for t in trials if t.state == TrialState.PRUNED]
     assert reasons and all(reasons)
-    assert all(t.state == TrialState.COMPLETE for t in trials
-               if "prune_reason" not in t.user_attrs and t.state != TrialState.FAIL)
+    assert all(
+        t.state == TrialState.COMPLETE
+        for t in trials
+        if "prune_reason" not in t.user_attrs and t.state != TrialState.FAIL
+    )
     for t in trials:
         if t.state == TrialState.PRUNED:
             p = TuningParams(**t.params)
             why = prune_reason(space_for("sm90"), KernelSpec(head_dim=128, mask="causal"), B4K, p)
-            stand_in = ((p.num_warps == 8 and p.num_stages == 3 and p.loads == "tma_device")
-                        or (p.block_m == 32 and p.block_n == 64 and p.num_stages == 1))
+            stand_in = (p.num_warps == 8 and p.num_stages == 3 and p.loads == "tma_device") or (
+                p.block_m == 32 and p.block_n == 64 and p.num_stages == 1
+            )
             assert why is not None or stand_in, (p, t.user_attrs)
 
 
@@ -85,14 +96,20 @@ def test_compile_failures_and_wrong_results_are_pruned_with_reasons(tmp_path):
     storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
     wrong = TuningParams(32, 64, 4, 1, "pointer")
     broken = TuningParams(128, 64, 8, 3, "tma_device")
-    tune_bucket(B4K, CostModelEvaluator(OPTIMUM), space_for("sm90"), storage=storage, name_prefix="t", trials=6,
-                warm_start=[wrong, broken])
+    tune_bucket(
+        B4K,
+        CostModelEvaluator(OPTIMUM),
+        space_for("sm90"),
+        storage=storage,
+        name_prefix="t",
+        trials=6,
+        warm_start=[wrong, broken],
+    )
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     reasons = {TuningParams(**t.params): t.user_attrs.get("prune_reason") for t in study.get_trials()}
     assert "wrong result" in reasons[wrong]
     assert "CompileError" in reasons[broken]
-    assert all(t.state == TrialState.PRUNED for t in study.get_trials()
-               if TuningParams(**t.params) in (wrong, broken))
+    assert all(t.state == TrialState.PRUNED for t in study.get_trials() if TuningParams(**t.params) in (wrong, broken))
 
 
 def test_static_rules():
@@ -115,8 +132,12 @@ def test_static_rules():
     assert prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 3, "pointer")) is None
     bspace = space_for("sm90", "bwd")
     assert prune_reason(bspace, KernelSpec(direction="bwd", head_dim=128), B4K, TuningParams(64, 16, 8, 3)) is None
-    assert "search space" in prune_reason(space, KernelSpec(direction="bwd", head_dim=128), B4K, TuningParams(64, 16, 8, 3))
-    assert "too small" in prune_reason(bspace, KernelSpec(direction="bwd", head_dim=16), B4K, TuningParams(16, 16, 8, 1))
+    assert "search space" in prune_reason(
+        space, KernelSpec(direction="bwd", head_dim=128), B4K, TuningParams(64, 16, 8, 3)
+    )
+    assert "too small" in prune_reason(
+        bspace, KernelSpec(direction="bwd", head_dim=16), B4K, TuningParams(16, 16, 8, 1)
+    )
 
 
 def test_brute_force_covers_small_space(tmp_path):
@@ -135,8 +156,10 @@ def test_warm_start_uses_neighbours(tmp_path):
     best = db.get(VALID, B4K).params
     neighbour = Bucket("fwd", "fp16", 128, "causal", False, 1, 8192, 8192, 32)
     _tune(tmp_path, [neighbour], trials=3)
-    study = optuna.load_study(study_name=[s.study_name for s in storage.get_all_studies()
-                                          if s.study_name.endswith(neighbour.key)][0], storage=storage)
+    study = optuna.load_study(
+        study_name=[s.study_name for s in storage.get_all_studies() if s.study_name.endswith(neighbour.key)][0],
+        storage=storage,
+    )
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)[:2]]
     assert best in first  # enqueued right after the heuristic default
 
@@ -157,9 +180,22 @@ def _finished(storage_url):
 
 
 def _driver(db, url, trials, limit, sleep_s, offset=0):
-    return subprocess.Popen([sys.executable, str(HERE / "tuner_driver.py"), str(db), url, str(trials), str(limit),
-                             str(sleep_s), str(offset)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "tuner_driver.py"),
+            str(db),
+            url,
+            str(trials),
+            str(limit),
+            str(sleep_s),
+            str(offset),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+    )
 
 
 def test_resume_after_killed_process(tmp_path):
@@ -198,8 +234,9 @@ def test_trial_killed_while_asked_is_not_guessed(tmp_path, monkeypatch):
 
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.sqlite'}")
     prefix = f"{VALID.device}|{VALID.capability}|{VALID.triton}|{VALID.template_hash}"
-    study = optuna.create_study(study_name=study_mod.study_name(prefix, B4K, space_for("sm90")), storage=storage,
-                                direction="minimize")
+    study = optuna.create_study(
+        study_name=study_mod.study_name(prefix, B4K, space_for("sm90")), storage=storage, direction="minimize"
+    )
     # Two knobs away from the default, so that no warm start (a one-knob move) is that point.
     study.enqueue_trial({"block_m": 16, "block_n": 256})
     trial = study.ask()  # RUNNING, as the killed tuner left it
@@ -229,15 +266,34 @@ def test_two_concurrent_tuners_share_one_db(tmp_path):
 
 def test_grid_files(tmp_path):
     assert len(default_buckets()) == 104
-    bs = buckets_from_grid({"problems": [{"dtypes": ["bf16"], "head_dims": [96], "masks": ["local"], "groups": [3],
-                                          "seqlens_q": [100], "seqlens_k": [5000], "batch_heads": [48]}]})
+    bs = buckets_from_grid(
+        {
+            "problems": [
+                {
+                    "dtypes": ["bf16"],
+                    "head_dims": [96],
+                    "masks": ["local"],
+                    "groups": [3],
+                    "seqlens_q": [100],
+                    "seqlens_k": [5000],
+                    "batch_heads": [48],
+                }
+            ]
+        }
+    )
     assert [b.key for b in bs] == ["fwd/bf16/d96/local/sc0/g4/q128/k8192/bh64"]
     fp8 = buckets_from_grid({"problems": [{"dtypes": ["fp8e4m3"], "head_dims": [128], "seqlens": [4096]}]})
     assert [b.kernel_spec().fp8 for b in fp8] == [True, True]  # none and causal
-    for bad in ({"problems": [{"dtypes": ["fp8"]}]}, {"problems": [{"head_dims": [12]}]},
-                {"problems": [{"directions": ["bwd"], "dtypes": ["fp8e4m3"]}]},
-                {"problems": [{"seqlens": [0]}]}, {"problems": [{"colour": ["red"]}]}, {"problem": []},
-                {"problems": [{"seqlens": [5], "seqlens_q": [5]}]}, "problems"):
+    for bad in (
+        {"problems": [{"dtypes": ["fp8"]}]},
+        {"problems": [{"head_dims": [12]}]},
+        {"problems": [{"directions": ["bwd"], "dtypes": ["fp8e4m3"]}]},
+        {"problems": [{"seqlens": [0]}]},
+        {"problems": [{"colour": ["red"]}]},
+        {"problem": []},
+        {"problems": [{"seqlens": [5], "seqlens_q": [5]}]},
+        "problems",
+    ):
         with pytest.raises(GridError):
             buckets_from_grid(bad)
 
@@ -253,10 +309,25 @@ def test_representative_problem():
 def test_efficiency_script_dry_run(tmp_path):
     """benchmarks/tuner_efficiency.py end to end with the cost model (procedure only)."""
     out = tmp_path / "eff.json"
-    r = subprocess.run([sys.executable, str(HERE.parent / "benchmarks" / "tuner_efficiency.py"), "--cost-model",
-                        "--seeds", "2", "--max-trials", "60", "--buckets", "fwd/fp16/d64/none/sc0/g1/q512/k512/bh64",
-                        "--out", str(out)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(HERE.parent / "benchmarks" / "tuner_efficiency.py"),
+            "--cost-model",
+            "--seeds",
+            "2",
+            "--max-trials",
+            "60",
+            "--buckets",
+            "fwd/fp16/d64/none/sc0/g1/q512/k512/bh64",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(HERE.parent)},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     import json
 
@@ -281,8 +352,17 @@ def test_compile_pool_survives_hangs_crashes_and_errors():
     pool = CompilePool(workers=2, timeout_s=3)
     try:
         t0 = time.time()
-        out = pool.run(_job, {"hang": ("sleep", 60), "ok1": ("ok", 1), "err": ("raise", 0), "ok2": ("ok", 2),
-                              "crash": ("crash", 0), "ok3": ("ok", 3)})
+        out = pool.run(
+            _job,
+            {
+                "hang": ("sleep", 60),
+                "ok1": ("ok", 1),
+                "err": ("raise", 0),
+                "ok2": ("ok", 2),
+                "crash": ("crash", 0),
+                "ok3": ("ok", 3),
+            },
+        )
         assert time.time() - t0 < 40  # a hung job costs its timeout, not its runtime
     finally:
         pool.close()
@@ -313,8 +393,9 @@ def test_deadline_cut_trials_run_on_resume(tmp_path):
     # One round of 80 asks: the static rules prune most of the sm90 space's points (gluon and
     # persistent ones among them), so a round must be wide to hold the candidates the
     # deadline cuts into.
-    r1 = tune_bucket(B4K, _DeadlineAfter(0), space, storage=storage, name_prefix="t", trials=80, batch=80,
-                     deadline=time.time() + 2)
+    r1 = tune_bucket(
+        B4K, _DeadlineAfter(0), space, storage=storage, name_prefix="t", trials=80, batch=80, deadline=time.time() + 2
+    )
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     cut = [t.params for t in study.get_trials(states=(TrialState.FAIL,))]
     assert cut and r1.trials < 80
@@ -330,16 +411,18 @@ def test_brute_force_study_resumes_after_an_orphan(tmp_path):
     short = Bucket("fwd", "fp16", 64, "none", False, 1, 16, 128, 64)
     storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
     space = space_for("sm80")  # 160 points, every one decided in the first run
-    tune_bucket(short, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=1000,
-                sampler="brute")
+    tune_bucket(
+        short, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=1000, sampler="brute"
+    )
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     decided = study.get_trials(states=(TrialState.COMPLETE,))
     # A trial a dead tuner left running on this very space, then a resume.
     orphan = study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in space.choices().items()})
     orphan.set_user_attr("worker", "elsewhere:1")
     storage.set_trial_system_attr(orphan._trial_id, "x", 1)
-    r = tune_bucket(short, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=1000,
-                    sampler="brute")
+    r = tune_bucket(
+        short, CostModelEvaluator(OPTIMUM), space, storage=storage, name_prefix="t", trials=1000, sampler="brute"
+    )
     assert r.best is not None and len(study.get_trials(states=(TrialState.COMPLETE,))) >= len(decided)
 
 
@@ -374,8 +457,15 @@ def test_default_is_measured_even_where_heuristics_would_prune_it(tmp_path):
     assert prune_reason(SPACES["sm86"], decode.kernel_spec(), decode, default) is not None
     db = TunedDB(tmp_path / "t.sqlite")
     storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
-    [r] = tune([decode], CostModelEvaluator(OPTIMUM), SPACES["sm86"], db=db, storage=storage,
-               validity_for=lambda b: VALID, options=TuneOptions(trials=10))
+    [r] = tune(
+        [decode],
+        CostModelEvaluator(OPTIMUM),
+        SPACES["sm86"],
+        db=db,
+        storage=storage,
+        validity_for=lambda b: VALID,
+        options=TuneOptions(trials=10),
+    )
     assert r.default_ms is not None
 
 
@@ -407,8 +497,9 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert len(bwd) == 72 and {b.direction for b in bwd} == {"bwd"}
     assert len(default_buckets(("fwd", "bwd"))) == 104 + 72
     bucket = Bucket("bwd", "bf16", 64, "causal", False, 1, 2048, 2048, 256)
-    db, storage, ev, [r] = _tune(tmp_path, [bucket], trials=25,
-                                 evaluator=CostModelEvaluator(optimum=TuningParams(128, 32, 4, 3, "pointer")))
+    db, storage, ev, [r] = _tune(
+        tmp_path, [bucket], trials=25, evaluator=CostModelEvaluator(optimum=TuningParams(128, 32, 4, 3, "pointer"))
+    )
     assert r.best is not None
     assert {p.loads for p in ev.compiled} <= {"pointer", "tma_host"}  # no in-kernel descriptors in its space
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
@@ -424,14 +515,29 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     from fa2gen.tuner.space import gluon_candidates
 
     gluon = gluon_candidates(space_for("sm90", "bwd"), bucket.kernel_spec(), bucket)
-    moves = [m for m in local_moves(space_for("sm90", "bwd"), first)
-             if prune_reason(space_for("sm90", "bwd"), bucket.kernel_spec(), bucket, m) is None]
-    assert gluon and after[:len(gluon)] == gluon
-    after = after[len(gluon):]
-    assert len(moves) >= 6 and after[:len(moves)] == moves
+    moves = [
+        m
+        for m in local_moves(space_for("sm90", "bwd"), first)
+        if prune_reason(space_for("sm90", "bwd"), bucket.kernel_spec(), bucket, m) is None
+    ]
+    assert gluon and after[: len(gluon)] == gluon
+    after = after[len(gluon) :]
+    assert len(moves) >= 6 and after[: len(moves)] == moves
     assert db.get(VALID, bucket).params == r.best
-    problem = Problem(batch=8, heads_q=32, heads_kv=32, seqlen_q=2000, seqlen_k=2000, head_dim=64, dtype="bf16",
-                      mask="causal", window_left=-1, window_right=0, sm_scale=0.125, softcap=0.0)
+    problem = Problem(
+        batch=8,
+        heads_q=32,
+        heads_kv=32,
+        seqlen_q=2000,
+        seqlen_k=2000,
+        head_dim=64,
+        dtype="bf16",
+        mask="causal",
+        window_left=-1,
+        window_right=0,
+        sm_scale=0.125,
+        softcap=0.0,
+    )
     device = DeviceInfo(name="TEST_GPU", capability=(9, 0), arch="sm90", sm_count=132)
     monkeypatch.setenv("FA2GEN_DB", str(tmp_path / "tuned.sqlite"))
     monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev, direction: VALID)
@@ -443,8 +549,13 @@ def test_backward_dq_twins_where_the_space_has_both_ways(tmp_path):
     """Where a backward space holds both dQ ways (sm80: not yet measured), every study
     starts with the default's tiles each way, right after the default."""
     bucket = Bucket("bwd", "fp16", 64, "none", False, 1, 1024, 1024, 256)
-    _, storage, _, [r] = _tune(tmp_path, [bucket], trials=4, arch="sm80",
-                               evaluator=CostModelEvaluator(optimum=TuningParams(64, 32, 4, 2, "pointer")))
+    _, storage, _, [r] = _tune(
+        tmp_path,
+        [bucket],
+        trials=4,
+        arch="sm80",
+        evaluator=CostModelEvaluator(optimum=TuningParams(64, 32, 4, 2, "pointer")),
+    )
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     first, twin = (TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)[:2])
     assert first == bucket_default(bucket, "sm80") and twin == first.replace(dq_mode="atomic")
@@ -478,15 +589,25 @@ def test_each_bucket_samples_its_own_random_points(tmp_path):
     so their random start-up trials differ instead of repeating one sequence everywhere."""
     from fa2gen.tuner.study import bucket_seed
 
-    a, b = Bucket("bwd", "fp16", 128, "none", False, 1, 4096, 4096, 64), Bucket("bwd", "bf16", 128, "none", False, 1, 4096, 4096, 64)
+    a, b = (
+        Bucket("bwd", "fp16", 128, "none", False, 1, 4096, 4096, 64),
+        Bucket("bwd", "bf16", 128, "none", False, 1, 4096, 4096, 64),
+    )
     assert bucket_seed(0, a) == bucket_seed(0, a) != bucket_seed(0, b) and bucket_seed(None, a) is None
     _, storage, _, _ = _tune(tmp_path, [a, b], trials=20)
     sampled = []
     for bucket in (a, b):
-        study = optuna.load_study(study_name=[s.study_name for s in storage.get_all_studies()
-                                              if s.study_name.endswith(bucket.key)][0], storage=storage)
-        sampled.append([TuningParams(**t.params) for t in sorted(study.trials, key=lambda t: t.number)
-                        if "fixed_params" not in t.system_attrs])
+        study = optuna.load_study(
+            study_name=[s.study_name for s in storage.get_all_studies() if s.study_name.endswith(bucket.key)][0],
+            storage=storage,
+        )
+        sampled.append(
+            [
+                TuningParams(**t.params)
+                for t in sorted(study.trials, key=lambda t: t.number)
+                if "fixed_params" not in t.system_attrs
+            ]
+        )
     assert sampled[0] and sampled[1] and sampled[0] != sampled[1]
 
 
@@ -515,21 +636,45 @@ def test_local_moves_are_one_knob_steps():
     space = space_for("sm90", "bwd")
     p = TuningParams(128, 32, 8, 3, "pointer")
     moves = local_moves(space, p)
-    assert moves == [p.replace(block_n=16), p.replace(block_n=64), p.replace(num_stages=2), p.replace(num_stages=4),
-                     p.replace(loads="tma_host"), p.replace(num_warps=4), p.replace(num_warps=16), p.replace(block_m=64),
-                     p.replace(block_m=256), p.replace(dq_mode="matmul"), p.replace(dq_mode="atomic"), p.replace(gluon=1),
-                     p.replace(gluon=2)]
+    assert moves == [
+        p.replace(block_n=16),
+        p.replace(block_n=64),
+        p.replace(num_stages=2),
+        p.replace(num_stages=4),
+        p.replace(loads="tma_host"),
+        p.replace(num_warps=4),
+        p.replace(num_warps=16),
+        p.replace(block_m=64),
+        p.replace(block_m=256),
+        p.replace(dq_mode="matmul"),
+        p.replace(dq_mode="atomic"),
+        p.replace(gluon=1),
+        p.replace(gluon=2),
+    ]
     # ends of a range move one way only; values outside the space are not proposed
     edge = TuningParams(16, 16, 4, 1, "pointer")
-    assert local_moves(space, edge) == [edge.replace(block_n=32), edge.replace(num_stages=2),
-                                        edge.replace(loads="tma_host"), edge.replace(num_warps=8),
-                                        edge.replace(block_m=32), edge.replace(dq_mode="matmul"),
-                                        edge.replace(dq_mode="atomic"), edge.replace(gluon=1), edge.replace(gluon=2)]
+    assert local_moves(space, edge) == [
+        edge.replace(block_n=32),
+        edge.replace(num_stages=2),
+        edge.replace(loads="tma_host"),
+        edge.replace(num_warps=8),
+        edge.replace(block_m=32),
+        edge.replace(dq_mode="matmul"),
+        edge.replace(dq_mode="atomic"),
+        edge.replace(gluon=1),
+        edge.replace(gluon=2),
+    ]
     sm80 = space_for("sm80", "bwd")
     p80 = TuningParams(64, 64, 4, 3, "pointer")
-    assert local_moves(sm80, p80) == [p80.replace(block_n=32), p80.replace(block_n=128), p80.replace(num_stages=2),
-                                      p80.replace(num_warps=8),
-                                      p80.replace(block_m=32), p80.replace(block_m=128), p80.replace(dq_mode="atomic")]
+    assert local_moves(sm80, p80) == [
+        p80.replace(block_n=32),
+        p80.replace(block_n=128),
+        p80.replace(num_stages=2),
+        p80.replace(num_warps=8),
+        p80.replace(block_m=32),
+        p80.replace(block_m=128),
+        p80.replace(dq_mode="atomic"),
+    ]
 
 
 def test_tune_command_body_with_directions(tmp_path):
@@ -538,8 +683,21 @@ def test_tune_command_body_with_directions(tmp_path):
     from fa2gen.runtime.device import DeviceInfo
 
     db = tmp_path / "tuned.sqlite"
-    _run_tune("sm90", DeviceInfo("TEST_GPU", (9, 0), "sm90", 132), CostModelEvaluator(), None, 4, None, db,
-              f"sqlite:///{tmp_path / 'studies.sqlite'}", "tpe", True, 0, 2, "bwd")
+    _run_tune(
+        "sm90",
+        DeviceInfo("TEST_GPU", (9, 0), "sm90", 132),
+        CostModelEvaluator(),
+        None,
+        4,
+        None,
+        db,
+        f"sqlite:///{tmp_path / 'studies.sqlite'}",
+        "tpe",
+        True,
+        0,
+        2,
+        "bwd",
+    )
     keys = [e.bucket.key for e in TunedDB(db).entries()]
     assert len(keys) == 2 and all(k.startswith("bwd/") for k in keys)
 
@@ -548,13 +706,13 @@ def test_tune_untuned_skips_the_buckets_that_have_an_entry(tmp_path):
     """fa2gen tune --untuned tunes only the grid's buckets with no entry under the current
     validity (what carry-over left after a template change); an entry under another template
     does not count."""
+    import triton
+
     from fa2gen.cli import _run_tune
     from fa2gen.generator.rendering import template_hash
     from fa2gen.runtime.device import DeviceInfo
     from fa2gen.store.records import Entry, Measurement
     from fa2gen.tuner.grid import default_buckets
-
-    import triton
 
     first, second, third = default_buckets(("bwd",))[:3]
     db = TunedDB(tmp_path / "tuned.sqlite")
@@ -562,11 +720,29 @@ def test_tune_untuned_skips_the_buckets_that_have_an_entry(tmp_path):
     stale = Validity("TEST_GPU", "9.0", triton.__version__, "fedcba9876543210")
     held = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")
     m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
-    db.put([Entry(validity=now, bucket=first, params=held, measurement=m, default_ms=1.2, trials=5),
-            Entry(validity=stale, bucket=second, params=held, measurement=m, default_ms=1.2, trials=5)])
+    db.put(
+        [
+            Entry(validity=now, bucket=first, params=held, measurement=m, default_ms=1.2, trials=5),
+            Entry(validity=stale, bucket=second, params=held, measurement=m, default_ms=1.2, trials=5),
+        ]
+    )
     ev = CostModelEvaluator()
-    _run_tune("sm90", DeviceInfo("TEST_GPU", (9, 0), "sm90", 132), ev, None, 3, None, db.path,
-              f"sqlite:///{tmp_path / 'studies.sqlite'}", "tpe", True, 0, 2, "bwd", True)
+    _run_tune(
+        "sm90",
+        DeviceInfo("TEST_GPU", (9, 0), "sm90", 132),
+        ev,
+        None,
+        3,
+        None,
+        db.path,
+        f"sqlite:///{tmp_path / 'studies.sqlite'}",
+        "tpe",
+        True,
+        0,
+        2,
+        "bwd",
+        True,
+    )
     entries = {e.bucket: e for e in TunedDB(db.path).entries() if e.validity == now}
     assert set(entries) == {first, second, third}  # the first kept as it was; two tuned
     assert entries[first].trials == 5 and entries[second].trials == 3 and entries[third].trials == 3
@@ -612,8 +788,18 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     db = TunedDB(tmp_path / "tuned.sqlite")
     old = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=4, loads="pointer")
     stale = Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210")
-    db.put([Entry(validity=stale, bucket=B4K, params=old, measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
-                  default_ms=1.2, trials=5)])
+    db.put(
+        [
+            Entry(
+                validity=stale,
+                bucket=B4K,
+                params=old,
+                measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
+                default_ms=1.2,
+                trials=5,
+            )
+        ]
+    )
     # D=128: every candidate but three programs an SM (D=64 only)
     runnable = gluon_candidates(space_for("sm90"), B4K.kernel_spec(), B4K)
     assert len(runnable) == len(GLUON_CANDIDATES) - 1
@@ -621,7 +807,7 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     assert first[0] == bucket_default(B4K, "sm90") and first[1] == old
-    assert set(runnable) <= set(first[:2 + len(runnable)])
+    assert set(runnable) <= set(first[: 2 + len(runnable)])
 
 
 def test_the_stored_entry_competes_in_the_study_and_loses_to_a_faster_point(tmp_path):
@@ -634,8 +820,18 @@ def test_the_stored_entry_competes_in_the_study_and_loses_to_a_faster_point(tmp_
     held = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host")
     ev = CostModelEvaluator(optimum=OPTIMUM)
     assert ev.cost_ms(B4K, held) > ev.cost_ms(B4K, OPTIMUM)
-    db.put([Entry(validity=VALID, bucket=B4K, params=held, measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
-                  default_ms=1.0, trials=5)])
+    db.put(
+        [
+            Entry(
+                validity=VALID,
+                bucket=B4K,
+                params=held,
+                measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
+                default_ms=1.0,
+                trials=5,
+            )
+        ]
+    )
     _, storage, _, [r] = _tune(tmp_path, [B4K], trials=30, evaluator=ev)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
@@ -654,16 +850,28 @@ def test_the_other_16_bit_dtypes_winner_is_a_warm_start(tmp_path):
     db = TunedDB(tmp_path / "tuned.sqlite")
     bf16 = Bucket("fwd", "bf16", 128, "causal", False, 1, 4096, 4096, 64)
     won = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=4, loads="tma_host", persistent=1, gluon=2)
-    db.put([Entry(validity=VALID, bucket=bf16, params=won, measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
-                  default_ms=1.2, trials=40)])
+    db.put(
+        [
+            Entry(
+                validity=VALID,
+                bucket=bf16,
+                params=won,
+                measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
+                default_ms=1.2,
+                trials=40,
+            )
+        ]
+    )
     assert sibling_params(db, VALID, B4K) == [won]
     assert sibling_params(db, Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210"), B4K) == []
     fp8 = Bucket("fwd", "fp8e4m3", 128, "causal", False, 1, 4096, 4096, 64)
     assert sibling_params(db, VALID, fp8) == []
     ev = CostModelEvaluator(optimum=won)
     _, storage, _, [r] = _tune(tmp_path, [B4K], trials=3, evaluator=ev)
-    study = optuna.load_study(study_name=[s.study_name for s in storage.get_all_studies()
-                                          if s.study_name.endswith(B4K.key)][0], storage=storage)
+    study = optuna.load_study(
+        study_name=[s.study_name for s in storage.get_all_studies() if s.study_name.endswith(B4K.key)][0],
+        storage=storage,
+    )
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     assert first[:2] == [bucket_default(B4K, "sm90"), won]
     assert r.best == won
@@ -687,13 +895,21 @@ def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
     far = TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=3, loads="tma_host")
     stale = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2, loads="pointer")
     m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
-    files = {"own": (VALID, own), "near": (Validity("OTHER_GPU", "9.0", "3.7.1", VALID.template_hash), near),
-             "far": (Validity("OTHER_GPU", "9.0", "3.9.0", VALID.template_hash), far),
-             "stale": (Validity("OTHER_GPU", "9.0", "3.6.0", "fedcba9876543210"), stale)}
+    files = {
+        "own": (VALID, own),
+        "near": (Validity("OTHER_GPU", "9.0", "3.7.1", VALID.template_hash), near),
+        "far": (Validity("OTHER_GPU", "9.0", "3.9.0", VALID.template_hash), far),
+        "stale": (Validity("OTHER_GPU", "9.0", "3.6.0", "fedcba9876543210"), stale),
+    }
     for name, (v, params) in files.items():
-        (root / "sm90" / f"{name}.yaml").write_text(dump(
-            [Entry(validity=v, bucket=B4K, params=params, measurement=m, default_ms=1.2, trials=9)],
-            arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0"))
+        (root / "sm90" / f"{name}.yaml").write_text(
+            dump(
+                [Entry(validity=v, bucket=B4K, params=params, measurement=m, default_ms=1.2, trials=9)],
+                arch="sm90",
+                fa2gen_version="0.1.0",
+                torch_version="2.11.0",
+            )
+        )
     shipped.shipped_files.cache_clear()
     try:
         assert shipped_params(VALID, B4K, "sm90") == [own, near, far]
@@ -716,8 +932,18 @@ def test_a_stored_entry_the_study_could_not_time_keeps_its_place(tmp_path):
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     held = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_device")  # "fails to compile"
-    db.put([Entry(validity=VALID, bucket=B4K, params=held, measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
-                  default_ms=1.0, trials=5)])
+    db.put(
+        [
+            Entry(
+                validity=VALID,
+                bucket=B4K,
+                params=held,
+                measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
+                default_ms=1.0,
+                trials=5,
+            )
+        ]
+    )
     _, storage, _, [r] = _tune(tmp_path, [B4K], trials=10)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     [trial] = [t for t in study.get_trials() if TuningParams(**t.params) == held]
@@ -737,8 +963,9 @@ def test_a_study_of_mostly_pruned_points_ends(tmp_path):
     assert r.trials < 12 <= len(study.get_trials()) <= MAX_ASKS_PER_TRIAL * 12 + 8
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "benchmarks" / "grids").glob("*.yaml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "benchmarks" / "grids").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_the_benchmark_grids_name_buckets_of_the_built_in_grids(path):
     # The GPU scripts tune these slices of the shipped buckets; one that parsed to nothing,
     # or to buckets outside the built-in grids, would tune what nothing dispatches.

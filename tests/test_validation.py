@@ -5,7 +5,11 @@ import fa2gen
 
 
 def qkv(B=1, Hq=2, Hkv=2, Nq=8, Nk=8, D=32, dtype=torch.float16):
-    return (torch.randn(B, Hq, Nq, D).to(dtype), torch.randn(B, Hkv, Nk, D).to(dtype), torch.randn(B, Hkv, Nk, D).to(dtype))
+    return (
+        torch.randn(B, Hq, Nq, D).to(dtype),
+        torch.randn(B, Hkv, Nk, D).to(dtype),
+        torch.randn(B, Hkv, Nk, D).to(dtype),
+    )
 
 
 def call(q, k, v, **kw):
@@ -25,8 +29,16 @@ def call(q, k, v, **kw):
         (lambda q, k, v: (q, k[..., :16], v[..., :16]), ValueError, "head_dim mismatch"),
         (lambda q, k, v: (q, k, v[:, :, :4]), ValueError, "v must have the same shape as k"),
         (lambda q, k, v: (torch.cat([q, q[:, :1]], 1), k, v), ValueError, "divisible"),
-        (lambda q, k, v: (q[..., :12].contiguous(), k[..., :12].contiguous(), v[..., :12].contiguous()), ValueError, "head_dim 12"),
-        (lambda q, k, v: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v), ValueError, "q must have a contiguous last dim"),
+        (
+            lambda q, k, v: (q[..., :12].contiguous(), k[..., :12].contiguous(), v[..., :12].contiguous()),
+            ValueError,
+            "head_dim 12",
+        ),
+        (
+            lambda q, k, v: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v),
+            ValueError,
+            "q must have a contiguous last dim",
+        ),
         (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "q must have seqlen >= 1"),
         (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]), ValueError, "k must have seqlen >= 1"),
         (lambda q, k, v: (q, k.to("meta"), v.to("meta")), ValueError, "k is on meta"),
@@ -91,8 +103,14 @@ def test_call_key_only_for_exactly_typed_cuda_calls():
     assert _call_key(cpu, cpu, cpu, False, None, (-1, -1), 0.0) is None  # CPU paths are not keyed
     assert _call_key(meta, meta, meta, False, None, (-1, -1), 0.0) is None
     # Values equal to accepted ones but of a type validation rejects (or converts):
-    for kw in ({"causal": 1}, {"softcap": 0}, {"sm_scale": 1}, {"window_size": [-1, -1]},
-               {"window_size": (True, 0)}, {"window_size": (-1, -1, -1)}):
+    for kw in (
+        {"causal": 1},
+        {"softcap": 0},
+        {"sm_scale": 1},
+        {"window_size": [-1, -1]},
+        {"window_size": (True, 0)},
+        {"window_size": (-1, -1, -1)},
+    ):
         args = dict(causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0) | kw
         assert _call_key(cpu, cpu, cpu, **args) is None, kw
     assert _call_key("q", cpu, cpu, False, None, (-1, -1), 0.0) is None
@@ -111,8 +129,9 @@ def test_repeated_calls_reuse_one_launch_and_still_validate():
     b = fa2gen.attention(q.clone(), k.clone(), k.clone(), causal=True)
     assert len(dispatch._launches) == 1 and torch.equal(a, b)
     assert _call_key(q, k, k, True, None, (-1, -1), 0.0) != _call_key(q, k, k, False, None, (-1, -1), 0.0)
-    assert _call_key(q.transpose(1, 2).contiguous().transpose(1, 2), k, k, True, None, (-1, -1), 0.0) != \
-        _call_key(q, k, k, True, None, (-1, -1), 0.0)
+    assert _call_key(q.transpose(1, 2).contiguous().transpose(1, 2), k, k, True, None, (-1, -1), 0.0) != _call_key(
+        q, k, k, True, None, (-1, -1), 0.0
+    )
     with pytest.raises(TypeError, match="causal"):
         fa2gen.attention(q, k, k, causal=1)
     with pytest.raises(TypeError, match="window_size"):

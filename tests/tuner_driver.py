@@ -8,8 +8,8 @@ import sys
 import time
 
 from fa2gen.cli import _run_tune
-from fa2gen.runtime.device import DeviceInfo
 from fa2gen.generator.spec import TuningParams
+from fa2gen.runtime.device import DeviceInfo
 from fa2gen.tuner.evaluate import CostModelEvaluator
 
 
@@ -26,11 +26,29 @@ class SlowCostModel(CostModelEvaluator):
 
 
 if __name__ == "__main__":
-    db, storage, trials, limit, sleep_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    db, storage, trials, limit, sleep_s = (
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        float(sys.argv[5]),
+    )
     offset = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     import fa2gen.tuner.grid as grid
 
-    buckets = grid.default_buckets()[offset:offset + limit]
+    buckets = grid.default_buckets()[offset : offset + limit]
     grid.default_buckets = lambda *directions: buckets
-    _run_tune("sm90", DeviceInfo("TEST_GPU", (9, 0), "sm90", 132), SlowCostModel(sleep_s), None, trials, None,
-              db, storage, "tpe", True, 0, None)
+    _run_tune(
+        "sm90",
+        DeviceInfo("TEST_GPU", (9, 0), "sm90", 132),
+        SlowCostModel(sleep_s),
+        None,
+        trials,
+        None,
+        db,
+        storage,
+        "tpe",
+        True,
+        0,
+        None,
+    )

@@ -36,7 +36,10 @@ class Verdict:
 
     def __str__(self) -> str:
         status = "ok" if self.ok else f"FAIL ({self.reason})"
-        return f"{status}: out err {self.out_err:.2e} (base {self.out_base:.2e}), lse err {self.lse_err:.2e} (base {self.lse_base:.2e})"
+        return (
+            f"{status}: out err {self.out_err:.2e} (base {self.out_base:.2e}), "
+            f"lse err {self.lse_err:.2e} (base {self.lse_base:.2e})"
+        )
 
 
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,8 +54,9 @@ def _heads(descale, h0: int, h1: int):
     return descale if stride_b == 0 and stride_h == 0 else (f[:, h0:h1], stride_b, stride_h)
 
 
-def check_forward(q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8,
-                  descales=None) -> Verdict:
+def check_forward(
+    q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8, descales=None
+) -> Verdict:
     """Judge a forward result by flash-attention's rule; NaN anywhere fails. ``descales``:
     fp8 inputs' factors as ``fa2gen.runtime.fp8.check_descales`` returns them (None: all 1)."""
     fp8 = q.dtype == FP8_TORCH
@@ -109,15 +113,17 @@ class GradVerdict:
 
 
 def _reference_grads(q, k, v, dout, problem: Problem, compute_dtype):
-    leaves = [t.detach().to(compute_dtype if compute_dtype == torch.float32 else t.dtype).requires_grad_()
-              for t in (q, k, v)]
+    leaves = [
+        t.detach().to(compute_dtype if compute_dtype == torch.float32 else t.dtype).requires_grad_() for t in (q, k, v)
+    ]
     out, _ = attention_reference(*leaves, problem, compute_dtype=compute_dtype)
     out.backward(dout.to(out.dtype))
     return [t.grad for t in leaves]
 
 
-def check_backward(q, k, v, problem: Problem, dout, dq, dk, dv, *, atol: float = ATOL,
-                   heads_per_chunk: int = 8) -> GradVerdict:
+def check_backward(
+    q, k, v, problem: Problem, dout, dq, dk, dv, *, atol: float = ATOL, heads_per_chunk: int = 8
+) -> GradVerdict:
     """Judge gradients by flash-attention's rule (each of dq, dk, dv against an fp32
     reference, allowed twice PyTorch's own error in the inputs' dtype plus atol); NaN fails."""
     g = problem.group
@@ -126,7 +132,7 @@ def check_backward(q, k, v, problem: Problem, dout, dq, dk, dv, *, atol: float =
     for h0 in range(0, problem.heads_q, step):
         h1 = min(problem.heads_q, h0 + step)
         sub = Problem(**{**problem.__dict__, "heads_q": h1 - h0, "heads_kv": (h1 - h0) // g})
-        args = (q[:, h0:h1], k[:, h0 // g: h1 // g], v[:, h0 // g: h1 // g], dout[:, h0:h1], sub)
+        args = (q[:, h0:h1], k[:, h0 // g : h1 // g], v[:, h0 // g : h1 // g], dout[:, h0:h1], sub)
         for acc, grads in ((refs, _reference_grads(*args, torch.float32)), (bases, _reference_grads(*args, q.dtype))):
             for i, grad in enumerate(grads):
                 acc[i].append(grad)

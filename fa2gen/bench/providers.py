@@ -103,7 +103,9 @@ def _flex(case, q, k, v):
         def causal(b, h, q_idx, kv_idx):
             return q_idx + offset >= kv_idx
 
-        block_mask = create_block_mask(causal, B=None, H=None, Q_LEN=case.seqlen, KV_LEN=case.kv_seqlen, device=q.device)
+        block_mask = create_block_mask(
+            causal, B=None, H=None, Q_LEN=case.seqlen, KV_LEN=case.kv_seqlen, device=q.device
+        )
     gqa = case.kv_heads != case.heads
     return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 

@@ -8,8 +8,16 @@ from pathlib import Path
 from .grid import Case
 from .runner import Result, geomean
 
-SHORT = {"fa2gen": "fa2gen", "fa2gen-default": "default", "fa2gen-bf16": "own-bf16", "sdpa-cudnn": "cuDNN", "sdpa-flash": "FA2", "sdpa-efficient": "mem-eff",
-         "flex": "Flex", "sdpa-math": "math"}
+SHORT = {
+    "fa2gen": "fa2gen",
+    "fa2gen-default": "default",
+    "fa2gen-bf16": "own-bf16",
+    "sdpa-cudnn": "cuDNN",
+    "sdpa-flash": "FA2",
+    "sdpa-efficient": "mem-eff",
+    "flex": "Flex",
+    "sdpa-math": "math",
+}
 
 
 # A provider's 20th and 80th percentile run times this far apart mark an unsteady cell: its
@@ -29,14 +37,16 @@ def ratio_rows(results: list[Result], providers: list[str]):
     other provider."""
     others = [p for p in providers if p != "fa2gen"]
     header = ["case"] + [SHORT.get(p, p) for p in providers] + [f"x{SHORT.get(p, p)}" for p in others]
+
     def fmt(x: float) -> str:
         return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
 
     rows = []
     for r in results:
         mine = r.tflops.get("fa2gen")
-        cells = [r.case.label()] + [fmt(r.tflops[p]) + (UNSTEADY_MARK if unsteady(r, p) else "") if p in r.tflops
-                                    else "-" for p in providers]
+        cells = [r.case.label()] + [
+            fmt(r.tflops[p]) + (UNSTEADY_MARK if unsteady(r, p) else "") if p in r.tflops else "-" for p in providers
+        ]
         for p in others:
             cells.append(f"{mine / r.tflops[p]:.2f}" if mine and p in r.tflops else "-")
         rows.append(cells)
@@ -67,15 +77,21 @@ def markdown(results: list[Result], providers: list[str]) -> str:
     if marked:
         noun = "entry" if marked == 1 else "entries"
         lines.append("")
-        lines.append(f"{UNSTEADY_MARK}: that provider's 20th and 80th percentile run times differ by more than "
-                     f"{UNSTEADY - 1:.0%} ({marked} {noun}), so its median moves between runs; on short cells, "
-                     "launches that wait on the host do this.")
+        lines.append(
+            f"{UNSTEADY_MARK}: that provider's 20th and 80th percentile run times differ by more than "
+            f"{UNSTEADY - 1:.0%} ({marked} {noun}), so its median moves between runs; on short cells, "
+            "launches that wait on the host do this."
+        )
     return "\n".join(lines)
 
 
 def write_json(path: Path, results: list[Result], env: dict, providers: list[str]) -> None:
-    payload = {"environment": env, "providers": providers, "geomean_ratio": summary(results, providers),
-               "results": [r.to_dict() for r in results]}
+    payload = {
+        "environment": env,
+        "providers": providers,
+        "geomean_ratio": summary(results, providers),
+        "results": [r.to_dict() for r in results],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))
 

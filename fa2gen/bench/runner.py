@@ -13,7 +13,6 @@ from .grid import Case, make_inputs
 from .providers import PROVIDERS
 from .timing import TIMING, time_in_rounds, warm_window
 
-
 MODES = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FLOPs relative to the forward pass
 
 
@@ -27,9 +26,15 @@ class Result:
     max_diff: dict[str, float] = field(default_factory=dict)  # provider -> max |out - fa2gen out|
 
     def to_dict(self) -> dict:
-        return {"case": asdict(self.case), "mode": self.mode, "label": self.case.label(), "tflops": self.tflops,
-                "ms": self.ms,
-                "skipped": self.skipped, "max_diff_vs_fa2gen": self.max_diff}
+        return {
+            "case": asdict(self.case),
+            "mode": self.mode,
+            "label": self.case.label(),
+            "tflops": self.tflops,
+            "ms": self.ms,
+            "skipped": self.skipped,
+            "max_diff_vs_fa2gen": self.max_diff,
+        }
 
 
 def _time_cpu(fn, reps: int = 3) -> list[float]:
@@ -144,6 +149,7 @@ def environment(device: torch.device) -> dict:
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
-                   timing=TIMING)
+        env.update(
+            device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count, timing=TIMING
+        )
     return env

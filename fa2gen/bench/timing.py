@@ -52,8 +52,10 @@ def warm_gpu(ms: float = 100.0) -> None:
 ROUNDS = 4  # timing windows per provider and cell (time_in_rounds)
 # How a GPU run timed its providers, recorded with its results (runs without it timed one
 # window per provider, each after 100 ms of fp16 matmuls)
-TIMING = (f"{ROUNDS} do_bench windows per provider, each after 100 ms of that provider's own calls, "
-          "the providers' order reversed every other round; percentiles over all runs")
+TIMING = (
+    f"{ROUNDS} do_bench windows per provider, each after 100 ms of that provider's own calls, "
+    "the providers' order reversed every other round; percentiles over all runs"
+)
 
 
 def warm_window(fn) -> list[float]:

@@ -112,11 +112,19 @@ def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
     if kernel == "attn_bwd_dq_ds":  # (its tiles come from its descriptors' boxes)
         return {"HEAD_DIM": spec.head_dim}
     if params.gluon and kernel in ("attn_bwd_dkdv", "attn_bwd_dq"):
-        return {"HEAD_DIM": spec.head_dim, "OUTER": params.block_m, "INNER": params.block_n,
-                "STAGES": params.num_stages}
+        return {
+            "HEAD_DIM": spec.head_dim,
+            "OUTER": params.block_m,
+            "INNER": params.block_n,
+            "STAGES": params.num_stages,
+        }
     if params.gluon:
-        return {"HEAD_DIM": spec.head_dim, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n,
-                "STAGES": params.num_stages}
+        return {
+            "HEAD_DIM": spec.head_dim,
+            "BLOCK_M": params.block_m,
+            "BLOCK_N": params.block_n,
+            "STAGES": params.num_stages,
+        }
     dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
     if kernel == "attn_fwd":
         return {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n}
@@ -146,8 +154,11 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90",
             continue
         fn = getattr(module, name)
         constexprs = _constexprs(spec, params, name)
-        options = ({"num_warps": PASS_WARPS, "num_stages": 1} if name in PASS_KERNELS
-                   else {"num_warps": params.num_warps, "num_stages": params.num_stages})
+        options = (
+            {"num_warps": PASS_WARPS, "num_stages": 1}
+            if name in PASS_KERNELS
+            else {"num_warps": params.num_warps, "num_stages": params.num_stages}
+        )
         signature = _signature(fn, constexprs, spec, params)
         yield name, compat.compile_triton(fn, signature, constexprs, _attrs(fn, signature, spec), arch, options)
 
@@ -156,8 +167,9 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
     # The launch options (warps of the default partition, register limit) are the module's.
     fn = getattr(module, kernel)
     constexprs, signature = gluon_signature(module, spec, params, kernel)
-    attrs = {name: [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR", "TILES")
-             if name in fn.arg_names}  # (pointers only: the one pass's DQACC is a descriptor)
+    attrs = {
+        name: [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR", "TILES") if name in fn.arg_names
+    }  # (pointers only: the one pass's DQACC is a descriptor)
     return compat.compile_gluon(fn, signature, constexprs, attrs, arch, dict(module.LAUNCH))
 
 
@@ -169,8 +181,11 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
 
     fn = getattr(module, kernel)
     constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
-    boxes = (dict(zip("QKVO", descriptor_boxes(spec, params))) if spec.direction == "fwd"
-             else backward_boxes(spec, params, kernel, getattr(module, "DS_ROWS", 0)))
+    boxes = (
+        dict(zip("QKVO", descriptor_boxes(spec, params)))
+        if spec.direction == "fwd"
+        else backward_boxes(spec, params, kernel, getattr(module, "DS_ROWS", 0))
+    )
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -178,8 +193,9 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
         elif name in boxes:
             dtype = descriptor_dtype(spec, name)
             box = boxes[name]
-            signature[name] = (f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],"
-                               f"{descriptor_layout(box, dtype)!r}>")
+            signature[name] = (
+                f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],{descriptor_layout(box, dtype)!r}>"
+            )
         elif name in ("LSE", "DELTA") or name.startswith("DESCALE"):
             signature[name] = "*fp32"
         elif name == "DQ_PTR":
@@ -205,8 +221,9 @@ def assemble(kernel, arch: str, cubin: str = os.devnull, *, name: str = "kernel"
         with open(path, "w") as f:
             f.write(kernel.asm["ptx"])
         gpu = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
-        done = subprocess.run([compat.ptxas(arch), "-v", f"--gpu-name={gpu}", path, "-o", cubin],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [compat.ptxas(arch), "-v", f"--gpu-name={gpu}", path, "-o", cubin], capture_output=True, text=True
+        )
     if done.returncode:
         raise RuntimeError(f"ptxas failed on {name}: {done.stderr.strip()[:300]}")
     return done.stderr
@@ -218,8 +235,9 @@ def performance_losses(report: str) -> tuple[str, ...]:
     wgmma may be in flight), each as "CODE: what it says", once each. Other performance notes
     (C7519: a warpgroup.arrive injected) cost little and are left out."""
     found = re.findall(r"\((C75\d\d)\) Potential Performance Loss: ([^\n]*)", report)
-    return tuple(sorted({f"{code}: {text.strip()}" for code, text in found
-                         if "setmaxnreg" in text or "serialized" in text}))
+    return tuple(
+        sorted({f"{code}: {text.strip()}" for code, text in found if "setmaxnreg" in text or "serialized" in text})
+    )
 
 
 def spill_bytes(report: str) -> int:
@@ -234,6 +252,10 @@ def compile_for(spec: KernelSpec, params: TuningParams, arch: str = "sm90") -> d
     for name, kernel in compiled_kernels(spec, params, arch):
         report = assemble(kernel, arch, name=name)
         regs = re.search(r"Used (\d+) registers", report)
-        out[name] = Resources(int(regs.group(1)) if regs else None, spill_bytes(report), kernel.metadata.shared,
-                              performance_losses(report))
+        out[name] = Resources(
+            int(regs.group(1)) if regs else None,
+            spill_bytes(report),
+            kernel.metadata.shared,
+            performance_losses(report),
+        )
     return out

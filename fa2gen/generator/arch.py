@@ -103,6 +103,8 @@ def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:
     # Three programs an SM is a launch sized for all three to be resident (its registers): a
     # third that does not fit in shared memory runs as a second wave instead.
     if params.persistent == 3 and 3 * (need + BLOCK_RESERVED_SMEM) > info.smem_per_sm:
-        return (f"three programs an SM need 3 x {need + BLOCK_RESERVED_SMEM} B of shared memory > "
-                f"{info.smem_per_sm} B on {arch}")
+        return (
+            f"three programs an SM need 3 x {need + BLOCK_RESERVED_SMEM} B of shared memory > "
+            f"{info.smem_per_sm} B on {arch}"
+        )
     return None

@@ -49,6 +49,8 @@ def backward_boxes(spec, params, kernel: str, ds_rows: int = 0) -> dict[str, lis
         return {"DST": [1, 1, params.block_m, ds_rows], "K": [1, 1, params.block_m, spec.head_dim]}
     owned = ("K", "V", "DK", "DV") if kernel == "attn_bwd_dkdv" else ("Q", "DO", "DQ")
     rows = params.block_m // 2 if params.dq_mode == "atomic" else params.block_m
-    boxes = {t: [1, 1, rows if t in owned else params.block_n, spec.head_dim]
-             for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")}
+    boxes = {
+        t: [1, 1, rows if t in owned else params.block_n, spec.head_dim]
+        for t in ("Q", "K", "V", "DO", "DK", "DV", "DQ")
+    }
     return {**boxes, "DST": [1, 1, params.block_m, params.block_n], "DQACC": [1, 1, params.block_n, spec.head_dim]}

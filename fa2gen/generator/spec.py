@@ -212,8 +212,10 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     if spec.direction == "bwd" and params.persistent:
         return "persistent is a forward knob; the backward takes the default 0"
     if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
-        return ("persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "
-                "gives three programs an SM's registers")
+        return (
+            "persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "
+            "gives three programs an SM's registers"
+        )
     if params.dq_mode == "matmul" and (spec.direction != "bwd" or params.gluon != 1):
         return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
     if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
@@ -258,8 +260,14 @@ def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
     16-bit. Only where it measured faster on the H200 (4-6.5%): V's slot goes back a step
     later, which a two-stage ring cannot spare (4-8% slower there); on 128 x 64 tiles with
     three stages it ran 0.97-1.02x, in fp8 slower with either."""
-    return (spec.direction == "fwd" and params.gluon == 2 and params.block_m == 128 and params.block_n == 128
-            and params.num_stages >= 3 and not spec.fp8)
+    return (
+        spec.direction == "fwd"
+        and params.gluon == 2
+        and params.block_m == 128
+        and params.block_n == 128
+        and params.num_stages >= 3
+        and not spec.fp8
+    )
 
 
 def gluon_wide(spec: KernelSpec, params: TuningParams) -> bool:
@@ -281,15 +289,22 @@ def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None
     if spec.head_dim not in GLUON_HEAD_DIMS:
         return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
     if params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul", "atomic"):
-        return ("the Gluon backward kernels read through host descriptors, dQ in its own kernel, by a matmul or "
-                "added from the dK/dV kernel: loads=tma_host, dq_mode=separate, matmul or atomic")
+        return (
+            "the Gluon backward kernels read through host descriptors, dQ in its own kernel, by a matmul or "
+            "added from the dK/dV kernel: loads=tma_host, dq_mode=separate, matmul or atomic"
+        )
     if params.dq_mode == "atomic" and params.gluon != 1:
         return "dq_mode atomic adds dQ from the Gluon dK/dV kernel: it needs gluon=1"
     if params.dq_mode == "atomic" and (params.block_m != 128 or params.block_n != 64):
-        return ("dq_mode atomic's Gluon kernel takes 128 keys a program (two 64-key compute partitions) and 64 "
-                "queries a step (the rows of its worker's dQ matmul, one warp group's wgmma)")
+        return (
+            "dq_mode atomic's Gluon kernel takes 128 keys a program (two 64-key compute partitions) and 64 "
+            "queries a step (the rows of its worker's dQ matmul, one warp group's wgmma)"
+        )
     if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
-        return f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps (dK/dV: keys, queries; dQ: queries, keys)"
+        return (
+            f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps "
+            "(dK/dV: keys, queries; dQ: queries, keys)"
+        )
     if params.num_warps != params.block_m // 16:
         return "the Gluon backward kernels run block_m // 16 warps (16 keys each in dK/dV, 16 queries in dQ)"
     if params.num_stages < 2:
@@ -308,8 +323,7 @@ def param_space(spec: KernelSpec) -> list[TuningParams]:
     """Every TuningParams point that renders for ``spec``. Which of them suit an arch is
     the tuner's business (``fa2gen.tuner.space``)."""
     points = [
-        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld, dq_mode=dq, persistent=ps,
-                     gluon=g)
+        TuningParams(block_m=bm, block_n=bn, num_warps=w, num_stages=s, loads=ld, dq_mode=dq, persistent=ps, gluon=g)
         for bm in BLOCK_SIZES
         for bn in BLOCK_SIZES
         for w in NUM_WARPS

@@ -159,10 +159,22 @@ def _call_key(q, k, v, causal, sm_scale, window_size, softcap, descales=(None, N
         if device.type != "cuda":
             return None
         return (
-            q.shape, q.stride(), q.dtype, device,
-            k.shape, k.stride(), k.dtype, k.device,
-            v.shape, v.stride(), v.dtype, v.device,
-            causal, sm_scale, window_size, softcap,
+            q.shape,
+            q.stride(),
+            q.dtype,
+            device,
+            k.shape,
+            k.stride(),
+            k.dtype,
+            k.device,
+            v.shape,
+            v.stride(),
+            v.dtype,
+            v.device,
+            causal,
+            sm_scale,
+            window_size,
+            softcap,
             # the factors' layout (not their values), which validation depends on
             *(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in descales),
         )

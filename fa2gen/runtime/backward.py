@@ -10,8 +10,15 @@ from .. import compat
 from ..generator.cache import interpreting, load_module
 from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows, triton_part
 from . import direct
-from .launch import (GRID_Y_MAX, GluonDevices, effective_params, gluon_descriptor, host_descriptor,
-                     tma_compatible, window_extents)
+from .launch import (
+    GRID_Y_MAX,
+    GluonDevices,
+    effective_params,
+    gluon_descriptor,
+    host_descriptor,
+    tma_compatible,
+    window_extents,
+)
 from .problem import Problem, _check_tensor
 
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
@@ -19,8 +26,21 @@ from .problem import Problem, _check_tensor
 DS_SCRATCH_BYTES = 2 << 30
 
 
-def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *, dq=None, dk=None, dv=None,
-             compile_only: bool = False):
+def backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dout,
+    problem: Problem,
+    params: TuningParams,
+    *,
+    dq=None,
+    dk=None,
+    dv=None,
+    compile_only: bool = False,
+):
     """Gradients (dq, dk, dv) of ``problem``'s attention for the output gradient ``dout``.
 
     ``out`` and ``lse`` are what the forward returned for the same inputs. ``dout`` may have
@@ -31,8 +51,7 @@ def backward(q, k, v, out, lse, dout, problem: Problem, params: TuningParams, *,
     compiles this call's kernels without launching them (the tuner's workers). A caller that
     repeats a call shape keeps a ``BackwardLaunch`` instead (attention() does).
     """
-    return BackwardLaunch(problem, params).run(q, k, v, out, lse, dout, dq=dq, dk=dk, dv=dv,
-                                               compile_only=compile_only)
+    return BackwardLaunch(problem, params).run(q, k, v, out, lse, dout, dq=dq, dk=dk, dv=dv, compile_only=compile_only)
 
 
 class BackwardLaunch:
@@ -40,9 +59,28 @@ class BackwardLaunch:
     the tensors live: built once per call shape and reused, so that a call pays for its
     allocations, descriptors and launches only (short cells are bound by host time)."""
 
-    __slots__ = ("problem", "params", "spec", "gluon", "descriptors", "atomic", "dq_add", "ds_matmul", "ds_chunks",
-                 "modules", "scalars", "dims", "launch", "passes", "rows", "grids", "boxes", "_fallback", "_gluon_devices",
-                 "_direct")
+    __slots__ = (
+        "problem",
+        "params",
+        "spec",
+        "gluon",
+        "descriptors",
+        "atomic",
+        "dq_add",
+        "ds_matmul",
+        "ds_chunks",
+        "modules",
+        "scalars",
+        "dims",
+        "launch",
+        "passes",
+        "rows",
+        "grids",
+        "boxes",
+        "_fallback",
+        "_gluon_devices",
+        "_direct",
+    )
 
     def __init__(self, problem: Problem, params: TuningParams):
         self.problem = problem
@@ -93,14 +131,18 @@ class BackwardLaunch:
         if self.gluon is not None:
             from ..generator.gluon import backward_boxes, descriptor_dtype, descriptor_layout
 
-            kernels = {"attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV") + (("DST",) if self.ds_matmul else ())
-                       + (("DQACC",) if self.dq_add else ())}
+            kernels = {
+                "attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV")
+                + (("DST",) if self.ds_matmul else ())
+                + (("DQACC",) if self.dq_add else ())
+            }
             if self.gluon.gluon == 2:
                 kernels["attn_bwd_dq"] = ("Q", "K", "V", "DO", "DQ")
             for kernel, names in kernels.items():
                 boxes = backward_boxes(spec, self.gluon, kernel)
-                self.boxes[kernel] = tuple((boxes[n], descriptor_layout(boxes[n], descriptor_dtype(spec, n)))
-                                           for n in names)
+                self.boxes[kernel] = tuple(
+                    (boxes[n], descriptor_layout(boxes[n], descriptor_dtype(spec, n))) for n in names
+                )
 
     def _dkdv_ds_matmul(self, run, module, shape, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv) -> None:
         """One chunk of dq_mode matmul: batches ``bs``, k/v heads ``hs``. The Gluon dK/dV kernel
@@ -120,14 +162,39 @@ class BackwardLaunch:
         # is contiguous too, as the kernel's offsets assume.)
         args = [gluon_descriptor(t, box, layout) for t, (box, layout) in zip(tensors, self.boxes["attn_bwd_dkdv"])]
         grid = (-(-nk // self.gluon.block_m), nb * nh)
-        run(module.attn_bwd_dkdv, grid, *args, lse[bs, qs], delta[bs, qs], nh, g, nq, nk, problem.sm_scale,
-            module.DS_ROWS, key=(id(module.attn_bwd_dkdv), grid), **shape)
+        run(
+            module.attn_bwd_dkdv,
+            grid,
+            *args,
+            lse[bs, qs],
+            delta[bs, qs],
+            nh,
+            g,
+            nq,
+            nk,
+            problem.sm_scale,
+            module.DS_ROWS,
+            key=(id(module.attn_bwd_dkdv), grid),
+            **shape,
+        )
         (ds_box, ds_layout), _ = self.boxes["attn_bwd_dq_ds"]  # (K's box is the dK/dV kernel's)
         rows = dq[bs, qs]
         grid = (-(-nq // module.DS_ROWS), nb * nh * g)
-        run(module.attn_bwd_dq_ds, grid, gluon_descriptor(scratch, ds_box, ds_layout), args[1], rows,
-            *rows.stride()[:3], nh * g, g, nq, nk, HEAD_DIM=problem.head_dim, launch=module.LAUNCH,
-            key=(id(module.attn_bwd_dq_ds), grid))
+        run(
+            module.attn_bwd_dq_ds,
+            grid,
+            gluon_descriptor(scratch, ds_box, ds_layout),
+            args[1],
+            rows,
+            *rows.stride()[:3],
+            nh * g,
+            g,
+            nq,
+            nk,
+            HEAD_DIM=problem.head_dim,
+            launch=module.LAUNCH,
+            key=(id(module.attn_bwd_dq_ds), grid),
+        )
 
     def fallback(self) -> "BackwardLaunch":
         """The launch to run where this one cannot: the Triton dK/dV kernel where the Gluon
@@ -158,8 +225,9 @@ class BackwardLaunch:
                 from ..generator.gluon import backward_boxes, descriptor_layout
 
                 boxes = backward_boxes(self.spec, self.gluon, "attn_bwd_dq_ds", modules[1].DS_ROWS)
-                self.boxes["attn_bwd_dq_ds"] = tuple((boxes[n], descriptor_layout(boxes[n], self.spec.dtype))
-                                                     for n in ("DST", "K"))
+                self.boxes["attn_bwd_dq_ds"] = tuple(
+                    (boxes[n], descriptor_layout(boxes[n], self.spec.dtype)) for n in ("DST", "K")
+                )
             self.modules = modules
         return self.modules
 
@@ -199,9 +267,20 @@ class BackwardLaunch:
             else:  # (a kept launcher keeps its grid: ``key`` names one per grid where it varies)
                 direct.launch(self._direct, key or id(kernel), kernel, grid, args, {**constexprs, **launch})
 
-        run(module.attn_bwd_delta, grids["delta"],
-            out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq, BLOCK=self.rows, launch=self.passes,
-            **dims)
+        run(
+            module.attn_bwd_delta,
+            grids["delta"],
+            out,
+            dout,
+            delta,
+            *out.stride()[:3],
+            *dout.stride()[:3],
+            hq,
+            nq,
+            BLOCK=self.rows,
+            launch=self.passes,
+            **dims,
+        )
         tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
         outer, inner = params.block_m, params.block_n
         tile = (lambda t, rows: host_descriptor(t, rows, dp)) if self.descriptors else (lambda t, rows: t)
@@ -209,40 +288,121 @@ class BackwardLaunch:
             dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
         if self.gluon is not None:  # its descriptors carry a layout (part of a Gluon kernel's type)
             gluon_module, boxes = modules[1], self.boxes
-            shape = dict(HEAD_DIM=problem.head_dim, OUTER=self.gluon.block_m, INNER=self.gluon.block_n,
-                         STAGES=self.gluon.num_stages, launch=gluon_module.LAUNCH)
+            shape = dict(
+                HEAD_DIM=problem.head_dim,
+                OUTER=self.gluon.block_m,
+                INNER=self.gluon.block_n,
+                STAGES=self.gluon.num_stages,
+                launch=gluon_module.LAUNCH,
+            )
             if self.ds_matmul:
                 # (compiling only: the first chunk's launches are the call's specialisation)
-                for bs, hs in self.ds_chunks[:1 if compile_only else None]:
+                for bs, hs in self.ds_chunks[: 1 if compile_only else None]:
                     self._dkdv_ds_matmul(run, gluon_module, shape, bs, hs, q, k, v, dout, lse, delta, dq, dk, dv)
                 return dq, dk, dv
-            run(gluon_module.attn_bwd_dkdv, grids["gluon_dkdv"],
-                *[gluon_descriptor(t, box, layout) for t, (box, layout)
-                  in zip((q, k, v, dout, dk, dv) + ((dq_acc,) if self.dq_add else ()), boxes["attn_bwd_dkdv"])],
-                lse, delta, hkv, problem.group, nq, nk, problem.sm_scale, **shape)
+            run(
+                gluon_module.attn_bwd_dkdv,
+                grids["gluon_dkdv"],
+                *[
+                    gluon_descriptor(t, box, layout)
+                    for t, (box, layout) in zip(
+                        (q, k, v, dout, dk, dv) + ((dq_acc,) if self.dq_add else ()), boxes["attn_bwd_dkdv"]
+                    )
+                ],
+                lse,
+                delta,
+                hkv,
+                problem.group,
+                nq,
+                nk,
+                problem.sm_scale,
+                **shape,
+            )
             if self.gluon.gluon == 2:
-                run(gluon_module.attn_bwd_dq, grids["gluon_dq"],
-                    *[gluon_descriptor(t, box, layout)
-                      for t, (box, layout) in zip((q, k, v, dout, dq), boxes["attn_bwd_dq"])],
-                    lse, delta, hq, problem.group, nq, nk, problem.sm_scale, **shape)
+                run(
+                    gluon_module.attn_bwd_dq,
+                    grids["gluon_dq"],
+                    *[
+                        gluon_descriptor(t, box, layout)
+                        for t, (box, layout) in zip((q, k, v, dout, dq), boxes["attn_bwd_dq"])
+                    ],
+                    lse,
+                    delta,
+                    hq,
+                    problem.group,
+                    nq,
+                    nk,
+                    problem.sm_scale,
+                    **shape,
+                )
                 return dq, dk, dv
         else:
-            dkdv_args = (tile(q, inner), tile(k, outer), tile(v, outer), tile(dout, inner), lse, delta,
-                         tile(dk, outer), tile(dv, outer))
+            dkdv_args = (
+                tile(q, inner),
+                tile(k, outer),
+                tile(v, outer),
+                tile(dout, inner),
+                lse,
+                delta,
+                tile(dk, outer),
+                tile(dv, outer),
+            )
             if self.atomic:
                 dkdv_args += (host_descriptor(dq_acc, inner, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
-            run(module.attn_bwd_dkdv, grids["dkdv"],
+            run(
+                module.attn_bwd_dkdv,
+                grids["dkdv"],
                 *dkdv_args,
-                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3],
-                *dv.stride()[:3], hkv, problem.group, nq, nk, *self.scalars, **tiles)
+                *q.stride()[:3],
+                *k.stride()[:3],
+                *v.stride()[:3],
+                *dout.stride()[:3],
+                *dk.stride()[:3],
+                *dv.stride()[:3],
+                hkv,
+                problem.group,
+                nq,
+                nk,
+                *self.scalars,
+                **tiles,
+            )
         if self.atomic:
-            run(module.attn_bwd_dq_store, grids["delta"],
-                dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale, BLOCK=self.rows, launch=self.passes, **dims)
+            run(
+                module.attn_bwd_dq_store,
+                grids["delta"],
+                dq_acc,
+                dq,
+                *dq.stride()[:3],
+                hq,
+                nq,
+                problem.sm_scale,
+                BLOCK=self.rows,
+                launch=self.passes,
+                **dims,
+            )
             return dq, dk, dv
-        run(module.attn_bwd_dq, grids["dq"],
-            tile(q, outer), tile(k, inner), tile(v, inner), tile(dout, outer), lse, delta, tile(dq, outer),
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dq.stride()[:3],
-            hq, problem.group, nq, nk, *self.scalars, **tiles)
+        run(
+            module.attn_bwd_dq,
+            grids["dq"],
+            tile(q, outer),
+            tile(k, inner),
+            tile(v, inner),
+            tile(dout, outer),
+            lse,
+            delta,
+            tile(dq, outer),
+            *q.stride()[:3],
+            *k.stride()[:3],
+            *v.stride()[:3],
+            *dout.stride()[:3],
+            *dq.stride()[:3],
+            hq,
+            problem.group,
+            nq,
+            nk,
+            *self.scalars,
+            **tiles,
+        )
         return dq, dk, dv
 
 
@@ -254,8 +414,10 @@ def _check_gradient_buffer(name: str, given, like) -> None:
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(given).__name__}")
     _check_tensor(name, given)
     if given.shape != like.shape or given.dtype != like.dtype or given.device != like.device:
-        raise ValueError(f"{name} must have its input's shape {tuple(like.shape)}, dtype {like.dtype} and device "
-                         f"{like.device}, got {tuple(given.shape)}, {given.dtype} on {given.device}")
+        raise ValueError(
+            f"{name} must have its input's shape {tuple(like.shape)}, dtype {like.dtype} and device "
+            f"{like.device}, got {tuple(given.shape)}, {given.dtype} on {given.device}"
+        )
 
 
 def ds_head_bytes(problem: Problem) -> int:

@@ -36,8 +36,10 @@ def signature(args) -> tuple:
     """What of a launch's arguments can change its specialisation from call to call: int
     values, and tensors' dtypes and 16-byte alignment. (Descriptors and floats contribute
     nothing.)"""
-    return tuple(a if a.__class__ is int else (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-                 else None for a in args)
+    return tuple(
+        a if a.__class__ is int else (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else None
+        for a in args
+    )
 
 
 class DirectKernel:
@@ -74,8 +76,12 @@ class DirectKernel:
     def __call__(self, args) -> bool:
         """Launch on ``args`` if they specialise as the kept call's did (True); else do
         nothing (False) and let the caller launch through Triton."""
-        if (signature(args) != self.signature or compat.launch_hooked() or compat.launch_modes() != self.modes
-                or self.hooks):
+        if (
+            signature(args) != self.signature
+            or compat.launch_hooked()
+            or compat.launch_modes() != self.modes
+            or self.hooks
+        ):
             return False
         launcher = self.launcher
         if launcher.current_device() != launcher.device:

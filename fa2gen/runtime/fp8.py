@@ -81,8 +81,23 @@ def _transpose_kernel():
     import triton.language as tl
 
     @triton.jit
-    def transpose(V, VT, Hkv, N, PADDED, stride_vb, stride_vh, stride_vn, stride_tb, stride_th, stride_td,
-                  D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, KEY_ORDER: tl.constexpr):
+    def transpose(
+        V,
+        VT,
+        Hkv,
+        N,
+        PADDED,
+        stride_vb,
+        stride_vh,
+        stride_vn,
+        stride_tb,
+        stride_th,
+        stride_td,
+        D: tl.constexpr,
+        D_PAD: tl.constexpr,
+        BLOCK: tl.constexpr,
+        KEY_ORDER: tl.constexpr,
+    ):
         # One (BLOCK keys x D) tile of one (batch, head) in, its transpose out; the compiler
         # routes it through shared memory so that both sides stay coalesced. KEY_ORDER: column
         # 4q + 2a + b of each 16-key group gets key 8a + 2q + b, and the columns from N to
@@ -102,11 +117,17 @@ def _transpose_kernel():
             keys = columns
             written = N
         cols = tl.arange(0, D_PAD)
-        x = tl.load(V + b * stride_vb + h * stride_vh + keys.to(tl.int64)[:, None] * stride_vn + cols[None, :],
-                    mask=(keys[:, None] < N) & (cols[None, :] < D), other=0.0)
+        x = tl.load(
+            V + b * stride_vb + h * stride_vh + keys.to(tl.int64)[:, None] * stride_vn + cols[None, :],
+            mask=(keys[:, None] < N) & (cols[None, :] < D),
+            other=0.0,
+        )
         ok = (columns[:, None] < written) & (cols[None, :] < D)
-        tl.store(VT + b * stride_tb + h * stride_th + cols[:, None] * stride_td + columns[None, :], tl.trans(x),
-                 mask=tl.trans(ok))
+        tl.store(
+            VT + b * stride_tb + h * stride_th + cols[:, None] * stride_td + columns[None, :],
+            tl.trans(x),
+            mask=tl.trans(ok),
+        )
 
     return transpose
 

@@ -54,20 +54,26 @@ def effective_params(spec, params: TuningParams, *tensors: torch.Tensor) -> Tuni
 GRID_Y_MAX = 65535
 
 
-def gluon_device_ready(problem: Problem, device: torch.device, *, persistent: int = 0,
-                       heads: int | None = None) -> bool:
+def gluon_device_ready(
+    problem: Problem, device: torch.device, *, persistent: int = 0, heads: int | None = None
+) -> bool:
     """Whether a Gluon kernel can run ``problem`` on ``device``: compiled Triton on a Hopper
     GPU (wgmma exists on sm90 only), and a grid CUDA accepts (a persistent one numbers its
     tiles in 32 bits; a plain one has batch * ``heads`` programs on its second axis: the
     query heads, or the backward's k/v heads)."""
     heads = problem.heads_q if heads is None else heads
-    tiles_fit = (problem.batch * problem.heads_q * problem.seqlen_q < 2**31 if persistent
-                 else problem.batch * heads <= GRID_Y_MAX)
+    tiles_fit = (
+        problem.batch * problem.heads_q * problem.seqlen_q < 2**31
+        if persistent
+        else problem.batch * heads <= GRID_Y_MAX
+    )
     if interpreting() or device.type != "cuda" or not tiles_fit:
         return False
     from .device import cuda_device_info
 
-    return cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).capability[0] == 9
+    return (
+        cuda_device_info(device.index if device.index is not None else torch.cuda.current_device()).capability[0] == 9
+    )
 
 
 class GluonDevices:
@@ -83,16 +89,18 @@ class GluonDevices:
     def __call__(self, device: torch.device) -> bool:
         ready = self._verdicts.get(device)
         if ready is None:
-            ready = self._verdicts[device] = gluon_device_ready(self.problem, device, persistent=self.persistent,
-                                                                heads=self.heads)
+            ready = self._verdicts[device] = gluon_device_ready(
+                self.problem, device, persistent=self.persistent, heads=self.heads
+            )
         return ready
 
 
 def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, heads: int | None = None) -> bool:
     """Whether a Gluon kernel can run this call: on the tensors' device (``gluon_device_ready``),
     and on tensors a descriptor can address."""
-    return (gluon_device_ready(problem, tensors[0].device, persistent=persistent, heads=heads)
-            and tma_compatible(*tensors))
+    return gluon_device_ready(problem, tensors[0].device, persistent=persistent, heads=heads) and tma_compatible(
+        *tensors
+    )
 
 
 def host_descriptor(t: torch.Tensor, rows: int, cols: int):
@@ -154,8 +162,21 @@ class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
 
-    __slots__ = ("problem", "params", "spec", "module", "grid", "scalars", "constexprs", "blocks", "layouts",
-                 "_fallback", "_gluon_devices", "backward", "_direct")
+    __slots__ = (
+        "problem",
+        "params",
+        "spec",
+        "module",
+        "grid",
+        "scalars",
+        "constexprs",
+        "blocks",
+        "layouts",
+        "_fallback",
+        "_gluon_devices",
+        "backward",
+        "_direct",
+    )
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int | None = None):
         """``sm_count``: the device's SM count, which sizes a persistent grid (None: looked up
@@ -177,8 +198,14 @@ class Launch:
         left, right = window_extents(problem)
         # In the kernel's argument order: Hq, group, Nq, Nk, sm_scale, softcap, win_left, win_right.
         self.scalars = (
-            problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k,
-            problem.sm_scale, problem.softcap, left, right,
+            problem.heads_q,
+            problem.group,
+            problem.seqlen_q,
+            problem.seqlen_k,
+            problem.sm_scale,
+            problem.softcap,
+            left,
+            right,
         )
         tiles = -(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q
         self.grid = (tiles,)
@@ -205,8 +232,9 @@ class Launch:
         if params.persistent:
             self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
         self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, tiles)
-        self.constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_M=params.block_m, BLOCK_N=params.block_n,
-                               STAGES=params.num_stages)
+        self.constexprs = dict(
+            HEAD_DIM=problem.head_dim, BLOCK_M=params.block_m, BLOCK_N=params.block_n, STAGES=params.num_stages
+        )
         from ..generator.gluon import descriptor_boxes
 
         self.blocks = descriptor_boxes(self.spec, params)
@@ -264,8 +292,10 @@ class Launch:
                 from ..generator.gluon import descriptor_dtype, descriptor_layout
 
                 # layouts first: another thread's first call may see the module set and use them
-                self.layouts = tuple(descriptor_layout(block, descriptor_dtype(self.spec, name))
-                                     for block, name in zip(self.blocks, "QKVO"))
+                self.layouts = tuple(
+                    descriptor_layout(block, descriptor_dtype(self.spec, name))
+                    for block, name in zip(self.blocks, "QKVO")
+                )
             elif interpreting():
                 compat.patch_interpreter()
             self.module = load_module(self.spec, self.params)
@@ -273,8 +303,10 @@ class Launch:
         if self.grid is None:  # persistent, first run: as many programs as the SMs hold
             self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
         if self.params.gluon:
-            args = [gluon_descriptor(t, block, layout) for t, block, layout in zip((q, k, v, out), self.blocks,
-                                                                                   self.layouts)]
+            args = [
+                gluon_descriptor(t, block, layout)
+                for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)
+            ]
             args.append(lse)
             if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
                 args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
@@ -294,8 +326,19 @@ class Launch:
         return kernel, [*args, *self.scalars], compat.codegen(self.constexprs)
 
 
-def forward(q, k, v, problem: Problem, params: TuningParams, *, out=None, lse=None, compile_only: bool = False,
-            launch: Launch | None = None, descales=None):
+def forward(
+    q,
+    k,
+    v,
+    problem: Problem,
+    params: TuningParams,
+    *,
+    out=None,
+    lse=None,
+    compile_only: bool = False,
+    launch: Launch | None = None,
+    descales=None,
+):
     """Run the forward kernel for ``problem`` with ``params``; returns (out, lse fp32).
 
     ``out``/``lse`` may be given preallocated (tests poison them with NaN first).

@@ -60,8 +60,9 @@ def _validity(device: DeviceInfo, direction: str):
 
     from ..store.records import Validity
 
-    return Validity(device.name, f"{device.capability[0]}.{device.capability[1]}", triton.__version__,
-                    template_hash(direction))
+    return Validity(
+        device.name, f"{device.capability[0]}.{device.capability[1]}", triton.__version__, template_hash(direction)
+    )
 
 
 def _nearest(bucket: Bucket, entries, spec, arch):
@@ -109,8 +110,15 @@ def _from_db(bucket, validity, spec, arch) -> Choice | None:
         exact = db.get(validity, bucket)
         if exact is not None and fits(spec, exact.params, arch) is None:
             return Choice(exact.params, "db", exact.bucket, validity.triton)
-        same = list(db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
-                               template_hash=validity.template_hash, schema=validity.schema))
+        same = list(
+            db.entries(
+                device=validity.device,
+                capability=validity.capability,
+                triton=validity.triton,
+                template_hash=validity.template_hash,
+                schema=validity.schema,
+            )
+        )
         stale = db.count_stale(validity)
     except Exception as e:  # StoreError, OSError, SQLAlchemyError, or worse: never fail the call
         _warn_once(f"db:{path}", f"fa2gen: tuned database {path} unusable, falling back: {e}")

@@ -69,8 +69,9 @@ def _check_tensor(name: str, t) -> None:
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
     if t.dtype not in DTYPE_NAMES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16, "
-                        "torch.float8_e4m3fn (forward only)")
+        raise TypeError(
+            f"{name} has dtype {t.dtype}; supported: torch.float16, torch.bfloat16, torch.float8_e4m3fn (forward only)"
+        )
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
 

@@ -81,13 +81,15 @@ def fp8_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     m, k = a.shape[-2:]
     n = b.shape[-2]
     pad = lambda t, rows: torch.nn.functional.pad(  # noqa: E731  zeros: multiples of 16 both ways
-        t.view(torch.uint8), (0, -k % 16, 0, -rows % 16)).view(t.dtype)
+        t.view(torch.uint8), (0, -k % 16, 0, -rows % 16)
+    ).view(t.dtype)
     ap, bp = pad(a, m), pad(b, n)
     one = torch.ones((), device=a.device)
     out = torch.empty(*a.shape[:-2], m, n, device=a.device)
     for i in itertools.product(*map(range, a.shape[:-2])):
-        out[i] = torch._scaled_mm(ap[i], bp[i].t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
-                                  use_fast_accum=True)[:m, :n]
+        out[i] = torch._scaled_mm(
+            ap[i], bp[i].t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=True
+        )[:m, :n]
     return out
 
 
@@ -111,7 +113,7 @@ def attention_fp8(q, k, v, descales, problem: Problem):
     lse = torch.logsumexp(s, dim=-1)
     empty = torch.isinf(lse) & (lse < 0)
     top = s.amax(dim=-1)
-    p = torch.exp(s - torch.where(empty, 0.0, top)[..., None]) * 2.0 ** P_SHIFT
+    p = torch.exp(s - torch.where(empty, 0.0, top)[..., None]) * 2.0**P_SHIFT
     l_sum = torch.where(empty, 1.0, p.sum(-1))
     out = fp8_matmul_nt(p.to(q.dtype), vv.transpose(-1, -2).contiguous()) * factor_v / l_sum[..., None]
     return out.masked_fill(empty[..., None], 0.0).to(torch.bfloat16), lse

@@ -76,8 +76,9 @@ class Bucket:
 
     def kernel_spec(self) -> KernelSpec:
         """The kernel every problem of this bucket runs."""
-        return KernelSpec(direction=self.direction, dtype=self.dtype, head_dim=self.head_dim, mask=self.mask,
-                          softcap=self.softcap)
+        return KernelSpec(
+            direction=self.direction, dtype=self.dtype, head_dim=self.head_dim, mask=self.mask, softcap=self.softcap
+        )
 
     @property
     def key(self) -> str:
@@ -110,7 +111,12 @@ class Bucket:
     def same_kernel(self, other: "Bucket") -> bool:
         """Whether ``other`` tunes the same kernel spec (its params are valid here)."""
         return (self.direction, self.dtype, self.head_dim, self.mask, self.softcap) == (
-            other.direction, other.dtype, other.head_dim, other.mask, other.softcap)
+            other.direction,
+            other.dtype,
+            other.head_dim,
+            other.mask,
+            other.softcap,
+        )
 
     def distance(self, other: "Bucket") -> float:
         """How far apart two buckets of the same kernel are, in powers of two."""
@@ -118,8 +124,12 @@ class Bucket:
 
         return sum(
             abs(math.log2(a) - math.log2(b))
-            for a, b in ((self.group, other.group), (self.seqlen_q, other.seqlen_q),
-                         (self.seqlen_k, other.seqlen_k), (self.batch_heads, other.batch_heads))
+            for a, b in (
+                (self.group, other.group),
+                (self.seqlen_q, other.seqlen_q),
+                (self.seqlen_k, other.seqlen_k),
+                (self.batch_heads, other.batch_heads),
+            )
         )
 
 

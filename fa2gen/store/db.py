@@ -178,8 +178,10 @@ class TunedDB:
     def _check_version(self) -> None:
         version = self.schema_version()
         if version != SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema v{version}; this fa2gen reads v{SCHEMA_VERSION}"
-                             + (" (run any write, e.g. fa2gen import, to upgrade it)" if version < SCHEMA_VERSION else ""))
+            raise StoreError(
+                f"{self.path} has schema v{version}; this fa2gen reads v{SCHEMA_VERSION}"
+                + (" (run any write, e.g. fa2gen import, to upgrade it)" if version < SCHEMA_VERSION else "")
+            )
 
     def schema_version(self) -> int:
         with Session(self.engine) as session:
@@ -200,8 +202,11 @@ class TunedDB:
             if len(rows) != 1 or rows[0]["bucket"] != superseding.bucket.key:
                 raise ValueError("put: superseding applies to one entry of its own bucket")
             old = _row_values(superseding)
-            unchanged = ((TunedRow.params == old["params"]) & (TunedRow.median_ms == old["median_ms"])
-                         & (TunedRow.created_at == old["created_at"]))
+            unchanged = (
+                (TunedRow.params == old["params"])
+                & (TunedRow.median_ms == old["median_ms"])
+                & (TunedRow.created_at == old["created_at"])
+            )
             faster = faster | unchanged
         stmt = stmt.on_conflict_do_update(
             index_elements=list(_KEY_COLUMNS),
@@ -229,8 +234,16 @@ class TunedDB:
                 log.warning("fa2gen: skipping invalid row %s in %s: %s", row.id, self.path, e)
 
     def get(self, validity: Validity, bucket: Bucket) -> Entry | None:
-        found = list(self.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
-                                  template_hash=validity.template_hash, schema=validity.schema, bucket=bucket.key))
+        found = list(
+            self.entries(
+                device=validity.device,
+                capability=validity.capability,
+                triton=validity.triton,
+                template_hash=validity.template_hash,
+                schema=validity.schema,
+                bucket=bucket.key,
+            )
+        )
         return found[0] if found else None
 
     def count_stale(self, validity: Validity) -> int:

@@ -27,8 +27,9 @@ def check_str(name: str, value, pattern: re.Pattern) -> str:
     return value
 
 
-def check_number(name: str, value, *, minimum: float = 0.0, positive: bool = False,
-                 allow_none: bool = False) -> float | None:
+def check_number(
+    name: str, value, *, minimum: float = 0.0, positive: bool = False, allow_none: bool = False
+) -> float | None:
     if value is None and allow_none:
         return None
     try:

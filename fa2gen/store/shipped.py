@@ -54,8 +54,11 @@ def shipped_files(arch: str, root: Path | None = None) -> tuple[tuple[str, Confi
             warnings.warn(f"fa2gen: ignoring unreadable tuned config {path.name}: {e}", RuntimeWarning, stacklevel=2)
             continue
         if cfg.arch != arch:
-            warnings.warn(f"fa2gen: ignoring {path.name}: it says arch {cfg.arch}, found under {arch}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"fa2gen: ignoring {path.name}: it says arch {cfg.arch}, found under {arch}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             continue
         found.append((cfg.meta["device"], cfg))
     return tuple(found)

@@ -29,8 +29,19 @@ from .records import (
 
 MAX_BYTES = 8 * 1024 * 1024
 _META_KEYS = {"schema", "fa2gen", "device", "capability", "arch", "triton", "torch", "template_hash", "date", "entries"}
-_ENTRY_KEYS = {"bucket", "params", "median_ms", "p20_ms", "p80_ms", "tflops", "default_ms", "speedup", "max_error",
-               "trials", "created_at"}
+_ENTRY_KEYS = {
+    "bucket",
+    "params",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "tflops",
+    "default_ms",
+    "speedup",
+    "max_error",
+    "trials",
+    "created_at",
+}
 _REQUIRED_ENTRY_KEYS = {"bucket", "params", "median_ms", "p20_ms", "p80_ms", "tflops", "max_error"}
 
 
@@ -40,8 +51,9 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "aliases are not allowed in fa2gen config files",
-                                              event.start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, "aliases are not allowed in fa2gen config files", event.start_mark
+            )
         return super().compose_node(parent, index)
 
 
@@ -81,8 +93,9 @@ def _entry(raw, template_hash: dict, header: dict, index: int) -> Entry:
             validity=Validity(header["device"], header["capability"], header["triton"], th, header["schema"]),
             bucket=bucket,
             params=params_from_data(raw["params"]),
-            measurement=Measurement(*(check_number(k, raw[k]) for k in ("median_ms", "p20_ms", "p80_ms", "tflops",
-                                                                           "max_error"))),
+            measurement=Measurement(
+                *(check_number(k, raw[k]) for k in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_error"))
+            ),
             default_ms=check_number("default_ms", raw.get("default_ms"), allow_none=True),
             trials=trials,
             created_at=_text("created_at", raw["created_at"]) if "created_at" in raw else "",

@@ -55,7 +55,7 @@ def representative_problem(bucket: Bucket) -> Problem:
         mask=bucket.mask,
         window_left=kw.get("window_size", (-1, -1))[0],
         window_right=0 if bucket.mask != "none" else -1,
-        sm_scale=bucket.head_dim ** -0.5,
+        sm_scale=bucket.head_dim**-0.5,
         softcap=kw["softcap"],
     )
 
@@ -81,12 +81,13 @@ class CostModelEvaluator:
     """Stands in for the GPU in CPU tests of the tuner.
 
     Cost (ms) of a candidate = base * (1 + 0.25 * distance to ``optimum``) over tiles, warps,
-    stages, load path, dQ mode, persistent grid and Gluon partitions, smooth with a single optimum (default block_m 128, block_n 64,
-    4 warps, 2 stages, tma_host, dQ separate), multiplied by the bucket's FLOPs so that buckets differ.
+    stages, load path, dQ mode, persistent grid and Gluon partitions, smooth with a single optimum
+    (default block_m 128, block_n 64, 4 warps, 2 stages, tma_host, dQ separate), multiplied by the
+    bucket's FLOPs so that buckets differ.
     Candidates with ``num_warps == 8 and num_stages == 3 and loads == "tma_device"`` "fail to
     compile" and those with ``block_m == 32 and block_n == 64 and num_stages == 1`` "compute a
-    wrong answer" (both reachable past static pruning), so that both rejection paths are exercised. ``calls`` counts measurements, to prove resumed studies do not
-    re-measure finished trials.
+    wrong answer" (both reachable past static pruning), so that both rejection paths are exercised.
+    ``calls`` counts measurements, to prove resumed studies do not re-measure finished trials.
     """
 
     def __init__(self, optimum: TuningParams | None = None):
@@ -96,25 +97,37 @@ class CostModelEvaluator:
 
     def cost_ms(self, bucket: Bucket, p: TuningParams) -> float:
         o = self.optimum
-        d = (abs(math.log2(p.block_m) - math.log2(o.block_m)) + abs(math.log2(p.block_n) - math.log2(o.block_n))
-             + 0.5 * abs(math.log2(p.num_warps) - math.log2(o.num_warps)) + 0.3 * abs(p.num_stages - o.num_stages)
-             + (0.0 if p.loads == o.loads else 0.4) + (0.0 if p.dq_mode == o.dq_mode else 0.3)
-             + 0.2 * abs(p.persistent - o.persistent) + 0.2 * abs(p.gluon - o.gluon))
+        d = (
+            abs(math.log2(p.block_m) - math.log2(o.block_m))
+            + abs(math.log2(p.block_n) - math.log2(o.block_n))
+            + 0.5 * abs(math.log2(p.num_warps) - math.log2(o.num_warps))
+            + 0.3 * abs(p.num_stages - o.num_stages)
+            + (0.0 if p.loads == o.loads else 0.4)
+            + (0.0 if p.dq_mode == o.dq_mode else 0.3)
+            + 0.2 * abs(p.persistent - o.persistent)
+            + 0.2 * abs(p.gluon - o.gluon)
+        )
         return flops(bucket) / 400e12 * 1e3 * (1.0 + 0.25 * d)
 
     def compile(self, bucket, candidates):
         self.compiled.extend(candidates)
-        return {p: ("CompileError: stand-in ptxas failure"
-                    if p.num_warps == 8 and p.num_stages == 3 and p.loads == "tma_device" else None)
-                for p in candidates}
+        return {
+            p: (
+                "CompileError: stand-in ptxas failure"
+                if p.num_warps == 8 and p.num_stages == 3 and p.loads == "tma_device"
+                else None
+            )
+            for p in candidates
+        }
 
     def measure(self, bucket, params):
         self.calls += 1
         if params.block_m == 32 and params.block_n == 64 and params.num_stages == 1:
             raise Rejected("wrong result: stand-in error 1.0e-01 over the criterion")
         ms = self.cost_ms(bucket, params)
-        return Measurement(median_ms=ms, p20_ms=ms * 0.99, p80_ms=ms * 1.01, tflops=flops(bucket) / ms / 1e9,
-                           max_error=1e-3)
+        return Measurement(
+            median_ms=ms, p20_ms=ms * 0.99, p80_ms=ms * 1.01, tflops=flops(bucket) / ms / 1e9, max_error=1e-3
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +216,10 @@ class CompilePool:
             handles = {}
             for key, args in pending.items():
                 self._next_id += 1
-                handles[key] = (self._next_id, pool.apply_async(_job_with_start, (self._started, self._next_id, fn, args)))
+                handles[key] = (
+                    self._next_id,
+                    pool.apply_async(_job_with_start, (self._started, self._next_id, fn, args)),
+                )
             submitted = time.time()
             pending = {}
             while handles:
@@ -218,7 +234,9 @@ class CompilePool:
                     break
                 now, began = time.time(), dict(self._started)
                 late = [key for key, (jid, _) in handles.items() if jid in began and now - began[jid] > self.timeout_s]
-                unstarted = now - submitted > self.start_timeout_s and all(jid not in began for jid, _ in handles.values())
+                unstarted = now - submitted > self.start_timeout_s and all(
+                    jid not in began for jid, _ in handles.values()
+                )
                 if late or unstarted:
                     for key in late:
                         out[key] = f"compile timed out after {self.timeout_s:.0f} s (or its worker died)"
@@ -253,8 +271,11 @@ class GpuEvaluator:
 
         if bucket not in self._inputs:
             s = representative_problem(bucket)
-            kw = dict(dtype=TORCH_DTYPES[bucket.dtype], device="cuda",
-                      generator=torch.Generator(device="cuda").manual_seed(self.seed))
+            kw = dict(
+                dtype=TORCH_DTYPES[bucket.dtype],
+                device="cuda",
+                generator=torch.Generator(device="cuda").manual_seed(self.seed),
+            )
             q = random_normal(s.batch, s.heads_q, s.seqlen_q, s.head_dim, **kw)
             k = random_normal(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, **kw)
             v = random_normal(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, **kw)
@@ -309,12 +330,12 @@ class GpuEvaluator:
                 raise Rejected(f"wrong result: {verdict}")
             q, k, v, problem = self._problem_inputs(bucket)
             if bwd:
-                o, l = forward(q, k, v, problem, fwd_params)
+                o, o_lse = forward(q, k, v, problem, fwd_params)
                 dout = torch.randn_like(o)
                 timed = [torch.full_like(t, float("nan")) for t in (q, k, v)]
                 # timed as attention() runs it: with the launch it keeps per call shape
                 kept = BackwardLaunch(problem, params)
-                t = time_it(lambda: kept.run(q, k, v, o, l, dout, dq=timed[0], dk=timed[1], dv=timed[2]))
+                t = time_it(lambda: kept.run(q, k, v, o, o_lse, dout, dq=timed[0], dk=timed[1], dv=timed[2]))
             else:
                 timed = [torch.full(q.shape, float("nan"), device="cuda", dtype=out.dtype)]
                 kept = Launch(problem, params, cuda_device_info(torch.cuda.current_device()).sm_count)
@@ -326,8 +347,13 @@ class GpuEvaluator:
         except Exception as e:  # out of resources or memory: this candidate; a CUDA fault: the device
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             raise Rejected(reason, fatal=_is_cuda_fault(e)) from None
-        return Measurement(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
-                           tflops=flops(bucket) / t.median_ms / 1e9, max_error=error)
+        return Measurement(
+            median_ms=t.median_ms,
+            p20_ms=t.p20_ms,
+            p80_ms=t.p80_ms,
+            tflops=flops(bucket) / t.median_ms / 1e9,
+            max_error=error,
+        )
 
 
 def _semantics(bucket: Bucket) -> dict:

@@ -29,21 +29,52 @@ import yaml
 from ..generator.spec import SpecError
 from ..store.buckets import MAX_BH, MAX_GROUP, MAX_SEQ, Bucket, ceil_pow2
 
-_KEYS = {"directions", "dtypes", "head_dims", "masks", "softcap", "groups", "seqlens", "seqlens_q", "seqlens_k", "tokens", "hidden",
-         "batch_heads"}
+_KEYS = {
+    "directions",
+    "dtypes",
+    "head_dims",
+    "masks",
+    "softcap",
+    "groups",
+    "seqlens",
+    "seqlens_q",
+    "seqlens_k",
+    "tokens",
+    "hidden",
+    "batch_heads",
+}
 
 CANONICAL_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 DEFAULT_GRID = {
     "problems": [
         # The FlashAttention-2 paper's grid, plus head_dim 256.
-        {"dtypes": ["fp16", "bf16"], "head_dims": [64, 128, 256], "masks": ["none", "causal"],
-         "seqlens": CANONICAL_SEQLENS, "tokens": 16384, "hidden": 2048},
+        {
+            "dtypes": ["fp16", "bf16"],
+            "head_dims": [64, 128, 256],
+            "masks": ["none", "causal"],
+            "seqlens": CANONICAL_SEQLENS,
+            "tokens": 16384,
+            "hidden": 2048,
+        },
         # Short queries against a long cache (decoding, chunked prefill).
-        {"dtypes": ["fp16", "bf16"], "head_dims": [64, 128], "masks": ["none", "causal"],
-         "seqlens_q": [1, 16, 64, 256], "seqlens_k": [8192], "batch_heads": [64]},
+        {
+            "dtypes": ["fp16", "bf16"],
+            "head_dims": [64, 128],
+            "masks": ["none", "causal"],
+            "seqlens_q": [1, 16, 64, 256],
+            "seqlens_k": [8192],
+            "batch_heads": [64],
+        },
         # The backward pass on the paper's grid (training: no decoding shapes).
-        {"directions": ["bwd"], "dtypes": ["fp16", "bf16"], "head_dims": [64, 128, 256], "masks": ["none", "causal"],
-         "seqlens": CANONICAL_SEQLENS, "tokens": 16384, "hidden": 2048},
+        {
+            "directions": ["bwd"],
+            "dtypes": ["fp16", "bf16"],
+            "head_dims": [64, 128, 256],
+            "masks": ["none", "causal"],
+            "seqlens": CANONICAL_SEQLENS,
+            "tokens": 16384,
+            "hidden": 2048,
+        },
     ]
 }
 
@@ -88,12 +119,17 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
             if "seqlens" in block:
                 pairs = [(n, n) for n in _list(block, "seqlens", None, int)]
             else:
-                pairs = list(itertools.product(_list(block, "seqlens_q", CANONICAL_SEQLENS, int),
-                                               _list(block, "seqlens_k", CANONICAL_SEQLENS, int)))
+                pairs = list(
+                    itertools.product(
+                        _list(block, "seqlens_q", CANONICAL_SEQLENS, int),
+                        _list(block, "seqlens_k", CANONICAL_SEQLENS, int),
+                    )
+                )
             if "batch_heads" in block and ("tokens" in block or "hidden" in block):
                 raise GridError("give batch_heads, or tokens with hidden, not both")
-            for di, dt, d, m, sc, g, (nq, nk) in itertools.product(directions, dtypes, head_dims, masks, softcaps,
-                                                                    groups, pairs):
+            for di, dt, d, m, sc, g, (nq, nk) in itertools.product(
+                directions, dtypes, head_dims, masks, softcaps, groups, pairs
+            ):
                 if min(nq, nk, g) < 1:
                     raise GridError(f"non-positive size in {block!r}")
                 if "batch_heads" in block:
@@ -102,8 +138,17 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
                     tokens, hidden = _int(block, "tokens", 16384), _int(block, "hidden", 2048)
                     bhs = [max(1, tokens // nq) * max(1, hidden // d)]
                 for bh in bhs:
-                    b = Bucket(di, dt, d, m, sc, ceil_pow2(g, MAX_GROUP), ceil_pow2(nq, MAX_SEQ),
-                               ceil_pow2(nk, MAX_SEQ), ceil_pow2(max(bh, 1), MAX_BH))
+                    b = Bucket(
+                        di,
+                        dt,
+                        d,
+                        m,
+                        sc,
+                        ceil_pow2(g, MAX_GROUP),
+                        ceil_pow2(nq, MAX_SEQ),
+                        ceil_pow2(nk, MAX_SEQ),
+                        ceil_pow2(max(bh, 1), MAX_BH),
+                    )
                     out[b.key] = b
         except SpecError as e:
             raise GridError(f"problems[{i}]: {e}") from None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import optuna
@@ -105,8 +105,11 @@ def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int =
     """The newest ``limit`` winners stored for this bucket on this device under other Triton
     versions, templates or schemas: after a template change, re-tuning measures the old
     winner at once."""
-    entries = [e for e in db.entries(device=validity.device, capability=validity.capability, bucket=bucket.key)
-               if e.validity != validity]
+    entries = [
+        e
+        for e in db.entries(device=validity.device, capability=validity.capability, bucket=bucket.key)
+        if e.validity != validity
+    ]
     entries.sort(key=lambda e: e.created_at, reverse=True)
     return _distinct_params(entries, limit)
 
@@ -133,18 +136,30 @@ def shipped_params(validity: Validity, bucket: Bucket, arch: str) -> list[Tuning
     from ..runtime.lookup import by_triton
     from ..store.shipped import shipped_files
 
-    current = [(device, cfg) for device, cfg in shipped_files(arch)
-               if cfg.meta["template_hash"].get(bucket.direction) == validity.template_hash]
-    files = (by_triton([cfg for device, cfg in current if device == validity.device], validity.triton)
-             + by_triton([cfg for device, cfg in current if device != validity.device], validity.triton))
+    current = [
+        (device, cfg)
+        for device, cfg in shipped_files(arch)
+        if cfg.meta["template_hash"].get(bucket.direction) == validity.template_hash
+    ]
+    files = by_triton([cfg for device, cfg in current if device == validity.device], validity.triton) + by_triton(
+        [cfg for device, cfg in current if device != validity.device], validity.triton
+    )
     return _distinct_params([e for cfg in files for e in cfg.entries if e.bucket == bucket], limit=len(files))
 
 
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
     """Best params of the nearest already-tuned buckets of the same kernel."""
-    entries = [e for e in db.entries(device=validity.device, capability=validity.capability, triton=validity.triton,
-                                     template_hash=validity.template_hash, schema=validity.schema)
-               if e.bucket.same_kernel(bucket) and e.bucket != bucket]
+    entries = [
+        e
+        for e in db.entries(
+            device=validity.device,
+            capability=validity.capability,
+            triton=validity.triton,
+            template_hash=validity.template_hash,
+            schema=validity.schema,
+        )
+        if e.bucket.same_kernel(bucket) and e.bucket != bucket
+    ]
     entries.sort(key=lambda e: bucket.distance(e.bucket))
     return _distinct_params(entries, limit)
 
@@ -194,15 +209,34 @@ def tune(
         # from a shipped file) is measured early, so that it competes in this study's timing.
         stored = db.get(validity, bucket)
         own = [stored.params] if stored else []
-        kept = [p for p in (own + earlier_params(db, validity, bucket) + shipped_params(validity, bucket, space.arch)
-                            + sibling_params(db, validity, bucket))
-                if prune_reason(bucket_space, spec, bucket, p) is None]
+        kept = [
+            p
+            for p in (
+                own
+                + earlier_params(db, validity, bucket)
+                + shipped_params(validity, bucket, space.arch)
+                + sibling_params(db, validity, bucket)
+            )
+            if prune_reason(bucket_space, spec, bucket, p) is None
+        ]
         result = tune_bucket(
-            bucket, evaluator, bucket_space, storage=storage, name_prefix=prefix, trials=options.trials,
-            sampler=options.sampler, seed=options.seed, deadline=deadline, batch=options.batch,
-            warm_start=(kept + _dq_twins(bucket, default, bucket_space)
-                        + neighbour_params(db, validity, bucket) + gluon_candidates(bucket_space, spec, bucket)
-                        + _moves(bucket, default, bucket_space)),
+            bucket,
+            evaluator,
+            bucket_space,
+            storage=storage,
+            name_prefix=prefix,
+            trials=options.trials,
+            sampler=options.sampler,
+            seed=options.seed,
+            deadline=deadline,
+            batch=options.batch,
+            warm_start=(
+                kept
+                + _dq_twins(bucket, default, bucket_space)
+                + neighbour_params(db, validity, bucket)
+                + gluon_candidates(bucket_space, spec, bucket)
+                + _moves(bucket, default, bucket_space)
+            ),
             default=default,
             on_progress=on_progress,
         )
@@ -210,8 +244,18 @@ def tune(
             # Where the study timed the stored entry's params, its winner beat them in one
             # study and replaces the entry even if the entry's own time, from another, is lower.
             compared = stored is not None and stored.params in result.completed
-            db.put([Entry(validity=validity, bucket=bucket, params=result.best, measurement=result.measurement,
-                          default_ms=result.default_ms, trials=result.trials)],
-                   superseding=stored if compared else None)
+            db.put(
+                [
+                    Entry(
+                        validity=validity,
+                        bucket=bucket,
+                        params=result.best,
+                        measurement=result.measurement,
+                        default_ms=result.default_ms,
+                        trials=result.trials,
+                    )
+                ],
+                superseding=stored if compared else None,
+            )
         results.append(result)
     return results

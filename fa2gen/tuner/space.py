@@ -13,7 +13,6 @@ from ..generator.arch import ARCHES, fits
 from ..generator.spec import KernelSpec, TuningParams, unsupported
 from ..store.buckets import Bucket
 
-
 _LATER_KNOBS = {"gluon"}
 
 
@@ -64,8 +63,16 @@ SPACES = {
     # per SM runs as two waves, the second starting wherever an SM frees, which evens out the
     # causal mask's uneven tiles: on 128 x 64 tiles 1-8% ahead of one an SM on the H200 (three
     # or four an SM fell 13-15% behind two at N=1k).
-    "sm90": SearchSpace("sm90", _TILES, _TILES[1:], (4, 8), (1, 2, 3, 4), ("pointer", "tma_device", "tma_host"),
-                        persistent=(0, 1, 2, 3), gluon=(0, 1, 2)),
+    "sm90": SearchSpace(
+        "sm90",
+        _TILES,
+        _TILES[1:],
+        (4, 8),
+        (1, 2, 3, 4),
+        ("pointer", "tma_device", "tma_host"),
+        persistent=(0, 1, 2, 3),
+        gluon=(0, 1, 2),
+    ),
 }
 
 
@@ -141,11 +148,16 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
 # bucket's winner at best), but none had 128x64 tiles and 3 stages, FlexAttention's D=128
 # Hopper tile (with 8 warps in torch 2.13's heuristics); the default's one-knob moves reach it.
 BWD_SPACES = {
-    arch: SearchSpace(arch, _TILES[:4] if arch != "sm90" else _TILES, _TILES[:4], (4, 8, 16) if arch == "sm90" else (4, 8),
-                      (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
-                      ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
-                      ("separate", "matmul", "atomic") if arch == "sm90" else ("separate", "atomic"),
-                      gluon=(0, 1, 2) if arch == "sm90" else (0,))
+    arch: SearchSpace(
+        arch,
+        _TILES[:4] if arch != "sm90" else _TILES,
+        _TILES[:4],
+        (4, 8, 16) if arch == "sm90" else (4, 8),
+        (1, 2, 3, 4, 5) if arch == "sm90" else (1, 2, 3),
+        ("pointer", "tma_host") if arch == "sm90" else ("pointer",),
+        ("separate", "matmul", "atomic") if arch == "sm90" else ("separate", "atomic"),
+        gluon=(0, 1, 2) if arch == "sm90" else (0,),
+    )
     for arch in SPACES
 }
 

@@ -20,11 +20,11 @@ from typing import Callable
 import optuna
 from optuna.trial import TrialState
 
+from ..generator.arch import fits
 from ..generator.spec import TuningParams
 from ..store.buckets import Bucket
 from ..store.records import Measurement
 from .evaluate import DeviceFault, Evaluator, Rejected
-from ..generator.arch import fits
 from .space import SearchSpace, prune_reason
 
 log = logging.getLogger(__name__)
@@ -163,8 +163,9 @@ def params_of(trial_params: dict) -> TuningParams:
 
 def _measurement_of(t: optuna.trial.FrozenTrial) -> Measurement:
     a = t.user_attrs
-    return Measurement(median_ms=t.value, p20_ms=a["p20_ms"], p80_ms=a["p80_ms"], tflops=a["tflops"],
-                       max_error=a["max_error"])
+    return Measurement(
+        median_ms=t.value, p20_ms=a["p20_ms"], p80_ms=a["p80_ms"], tflops=a["tflops"], max_error=a["max_error"]
+    )
 
 
 def tune_bucket(
@@ -185,29 +186,42 @@ def tune_bucket(
 ) -> BucketResult:
     """Run (or resume) the study for ``bucket`` until it has ``trials`` finished trials."""
     spec = bucket.kernel_spec()
-    study = optuna.create_study(study_name=study_name(name_prefix, bucket, space), storage=storage, direction="minimize",
-                                sampler=make_sampler(sampler, bucket_seed(seed, bucket)), load_if_exists=True)
+    study = optuna.create_study(
+        study_name=study_name(name_prefix, bucket, space),
+        storage=storage,
+        direction="minimize",
+        sampler=make_sampler(sampler, bucket_seed(seed, bucket)),
+        load_if_exists=True,
+    )
     orphans = _fail_orphans(study)
     if orphans:
         log.info("fa2gen: %s: %d interrupted trials marked failed", bucket.key, orphans)
     # Points already decided (measured or pruned). Failed trials (cut off by the deadline or
     # by a killed run) are not decided: they run again when proposed or enqueued.
     seen: dict[TuningParams, optuna.trial.FrozenTrial] = {
-        params_of(t.params): t for t in study.get_trials(deepcopy=False, states=DECIDED)}
+        params_of(t.params): t for t in study.get_trials(deepcopy=False, states=DECIDED)
+    }
     # Waiting, or running in another live tuner on the same study: not enqueued twice.
-    queued = {params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-              if set(space.choices()) <= set(t.params)}
+    queued = {
+        params_of(t.params)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+        if set(space.choices()) <= set(t.params)
+    }
     # A run killed while its trial was being asked leaves only the params suggested so far:
     # that point is unknown, so only complete ones are queued again.
     names = set(space.choices())
-    undecided = [params_of(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-                 if names <= set(t.params)]
+    undecided = [
+        params_of(t.params)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        if names <= set(t.params)
+    ]
     for p in ([default] if default else []) + list(warm_start) + undecided:
         if space.contains(p) and p not in seen and p not in queued:
             study.enqueue_trial(p.to_dict())
             queued.add(p)
-    distributions = {name: optuna.distributions.CategoricalDistribution(values)
-                     for name, values in space.choices().items()}
+    distributions = {
+        name: optuna.distributions.CategoricalDistribution(values) for name, values in space.choices().items()
+    }
     measured = 0
 
     def finished() -> int:
@@ -222,8 +236,12 @@ def tune_bucket(
 
     exhausted = len(seen) >= space.size()
     asks = 0  # static prunes do not spend the budget: this bounds a sampler stuck proposing them
-    while (not exhausted and finished() < trials and asks < MAX_ASKS_PER_TRIAL * trials
-           and (deadline is None or time.time() < deadline)):
+    while (
+        not exhausted
+        and finished() < trials
+        and asks < MAX_ASKS_PER_TRIAL * trials
+        and (deadline is None or time.time() < deadline)
+    ):
         round_trials = []
         for _ in range(min(batch, trials - finished())):
             asks += 1
