@@ -101,15 +101,13 @@ def test_compile_for_specialises_as_a_gpu_launch():
 
 
 def test_sass_loop_counts():
-    """benchmarks/sass_loops.py: loops found from backward branches, nested ones included,
+    """fa2gen.generator.sass: loops found from backward branches, nested ones included,
     on a hand-made listing and on a real kernel compiled for sm90."""
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parent.parent / "benchmarks" / "sass_loops.py"
-    spec = importlib.util.spec_from_file_location("sass_loops", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from fa2gen.generator import sass as mod
+
+    path = Path(__file__).parent.parent / "benchmarks" / "sass_loops.py"  # its command line, below
     listing = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
 .L_x_0:

@@ -6,7 +6,6 @@ rule), and gradients through it."""
 import ast
 import hashlib
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -201,16 +200,13 @@ def test_identity_and_the_forward_hash_cover_the_gluon_template():
 
 # Runs in a child without TRITON_INTERPRET: Gluon kernels only compile.
 _CHILD = textwrap.dedent(r"""
-    import importlib.util, json, subprocess, sys, tempfile
+    import json, subprocess, sys, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
     from fa2gen.generator.arch import smem_estimate
     from fa2gen.generator.spec import KernelSpec, gluon_overlap, gluon_wide, unsupported
     from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
     import re
-    # benchmarks/sass_loops.py's count of exponentials issued while a wgmma group is in flight
-    loader = importlib.util.spec_from_file_location("sass_loops", sys.argv[1])
-    sass_loops = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(sass_loops)
+    from fa2gen.generator import sass as sass_loops  # its count of exponentials under a wgmma in flight
     out = []
     for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal"),
                  KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")):
@@ -241,10 +237,10 @@ _CHILD = textwrap.dedent(r"""
 # 128 x 128 tiles, whose tile loop holds a few more values, which on short sequences measured
 # 1.05-1.12x the shipped configs all the same (notebook v54); with three stages it spills
 # 72 B (v62), 100 B with two Q slots (v69, faster all the same), none of it in the key loops
-# (benchmarks/sass_loops.py: no local loads there).
+# (fa2gen.generator.sass: no local loads there).
 # Three programs an SM on 64 x 64 tiles, each compute warp group at 136 registers (an
 # 80-register launch): 32 B without a mask, read back once a tile, none in the key loops
-# (benchmarks/sass_loops.py), and ran 1.05-1.08x the two-program form there all the same
+# (fa2gen.generator.sass), and ran 1.05-1.08x the two-program form there all the same
 # (notebook, "three programs an SM, each on an 80-register launch").
 SPILL_ALLOWED = {
     "m128 n128 w8 s2 tma_host persistent1 gluon2": 256,
@@ -254,7 +250,7 @@ SPILL_ALLOWED = {
 
 
 def test_compiles_for_sm90_without_spills():
-    got = compiled_child(_CHILD, str(Path(__file__).parent.parent / "benchmarks" / "sass_loops.py"))
+    got = compiled_child(_CHILD)
     at_d64 = [p for p in GLUON_CANDIDATES if p.persistent == 3]  # compiled for the D=64 spec alone
     assert at_d64 and len(got) == 3 * len(GLUON_CANDIDATES) - 2 * len(at_d64) + len(GLUON_FP8_CANDIDATES)
     for k in got:
