@@ -139,3 +139,68 @@ def test_three_programs_an_sm_are_the_64_row_gluon_forms_at_d64():
     assert "three programs an SM" in fits(d64, three.replace(num_stages=4), "sm90")
     assert fits(KernelSpec(dtype="fp8e4m3", head_dim=64), three.replace(num_stages=5), "sm90") is None
     assert fits(d64, three.replace(num_stages=4, persistent=2), "sm90") is None  # two: not checked per SM
+
+
+def _edited_templates(monkeypatch, filename: str, edit):
+    """Render from a copy of the templates in which ``filename`` is ``edit(its text)``."""
+    import jinja2
+
+    sources = {
+        f: rendering._file_source(f)
+        for f in set(rendering.TEMPLATES.values()) | set(rendering.GLUON_TEMPLATES.values())
+    }
+    edited = edit(sources[filename])
+    assert edited != sources[filename]
+    sources[filename] = edited
+    patched = jinja2.Environment(
+        loader=jinja2.DictLoader(sources),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    monkeypatch.setattr(rendering, "_environment", lambda: patched)
+    monkeypatch.setattr(identity, "render", rendering.render)
+    identity.code_digest.cache_clear()
+
+
+def test_code_digest_follows_the_code_not_the_comments(monkeypatch):
+    """An entry is valid while its params render to the same code: a comment or docstring edit
+    in a template changes no variant's digest, and a code edit changes exactly the digests of
+    the variants that render it (here: the Gluon forward's causal tile queue)."""
+    from fa2gen.generator.identity import code_digest
+    from fa2gen.generator.spec import param_space
+
+    specs = [KernelSpec(dtype="fp16", head_dim=64, mask=m) for m in ("none", "causal")]
+    variants = [(s, p) for s in specs for p in param_space(s) if p.gluon]
+    assert variants
+    code_digest.cache_clear()
+    before = {v: code_digest(*v) for v in variants}
+    template = rendering.GLUON_TEMPLATES["fwd"]
+    try:
+        _edited_templates(
+            monkeypatch,
+            template,
+            lambda t: (
+                t.replace("# Claims need no ordering", "# Reworded: claims need no ordering").replace(
+                    '    """Tile t\'s query block', '    """Reworded. Tile t\'s query block'
+                )
+                + "\n# a comment at the end\n\n"
+            ),
+        )
+        assert {v: code_digest(*v) for v in variants} == before
+        monkeypatch.undo()
+        _edited_templates(
+            monkeypatch,
+            template,
+            lambda t: t.replace(
+                't = gl.atomic_add(TILES, 1, sem="relaxed")', 't = gl.atomic_add(TILES, 1, sem="relaxed") + 0'
+            ),
+        )
+        changed = {v for v in variants if code_digest(*v) != before[v]}
+        assert changed and changed == {(s, p) for s, p in variants if s.mask == "causal" and p.persistent > 0}
+    finally:
+        monkeypatch.undo()
+        code_digest.cache_clear()
+    assert {v: code_digest(*v) for v in variants} == before

@@ -1,18 +1,23 @@
-"""Mechanical identity of a kernel variant: canonical JSON, digest and name.
+"""Mechanical identity of a kernel variant: canonical JSON, digest and name, and the digest
+of the code it renders to.
 
 The digest covers the spec and params fields, the template source and the Triton
-version, so any change to one of them yields a new name and a new cache file.
+version, so any change to one of them yields a new name and a new cache file. The code
+digest covers only what the variant's generated modules compute (comments, docstrings and
+blank lines left out): a tuned entry is valid while it is unchanged.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
+import tokenize
 from dataclasses import dataclass
 
-from .rendering import template_hash
-from .spec import KernelSpec, TuningParams
+from .rendering import render, template_hash
+from .spec import KernelSpec, TuningParams, triton_part
 
 # Short tags for the readable part of a name; the digest keeps names unique.
 _TAGS = {
@@ -70,3 +75,47 @@ def canonical_json(spec: KernelSpec, params: TuningParams) -> str:
         sort_keys=True,
         separators=(",", ":"),
     )
+
+
+def modules_of(spec: KernelSpec, params: TuningParams) -> tuple[TuningParams, ...]:
+    """The params of every generated module a variant runs: its own, and for the Gluon
+    backward the Triton template's (delta and dQ's kernels, ``triton_part``)."""
+    if spec.direction == "bwd" and params.gluon:
+        return params, triton_part(params)
+    return (params,)
+
+
+def normalised(source: str) -> str:
+    """Python ``source`` without what cannot change what it computes: comments, docstrings
+    (any statement that is only a string), blank lines and trailing spaces. Tokens are only
+    located, never re-joined, so the text kept is the source's own on every Python."""
+    drop = []  # (start, end) positions of comments and of string-only statements
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    skip = {tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT}
+    for i, tok in enumerate(tokens):
+        if tok.type == tokenize.COMMENT:
+            drop.append((tok.start, tok.end))
+        elif tok.type == tokenize.STRING:
+            before = next((t for t in reversed(tokens[:i]) if t.type not in skip), None)
+            after = next((t for t in tokens[i + 1 :] if t.type not in (tokenize.NL, tokenize.COMMENT)), None)
+            starts = before is None or before.type == tokenize.NEWLINE or before.string == ":"
+            if starts and after is not None and after.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                drop.append((tok.start, tok.end))
+    lines = source.splitlines()
+    for (row0, col0), (row1, col1) in reversed(drop):
+        if row0 == row1:
+            lines[row0 - 1] = lines[row0 - 1][:col0] + lines[row0 - 1][col1:]
+        else:
+            lines[row0 - 1 : row1] = [lines[row0 - 1][:col0] + lines[row1 - 1][col1:]]
+    return "\n".join(line.rstrip() for line in lines if line.strip())
+
+
+@functools.lru_cache(maxsize=4096)
+def code_digest(spec: KernelSpec, params: TuningParams) -> str:
+    """Digest of the code ``params`` render to for ``spec``: every module the variant runs,
+    normalised. The name the modules carry is left out (it holds the Triton version)."""
+    h = hashlib.sha256()
+    for p in modules_of(spec, params):
+        h.update(normalised(render(spec, p, name="variant")).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
