@@ -100,14 +100,12 @@ def tuned_section(path: Path) -> str:
         "(representative problem, do_bench median, L2 flushed), against the default of the day the bucket was "
         "tuned.\n"
     ]
-    from fa2gen.generator.rendering import template_hash
-
-    for direction, digest in sorted(cfg.meta["template_hash"].items()):
-        if digest != template_hash(direction):
-            lines.append(
-                f"- The {direction} entries were tuned against an earlier {direction} template (hash {digest}): "
-                "the run-time lookup skips them until that direction is tuned again."
-            )
+    stale = [e for e in cfg.entries if not e.current]
+    if stale:
+        lines.append(
+            f"- {len(stale)} entries were measured on code their params no longer render to: the run-time "
+            "lookup skips them until their buckets are tuned again."
+        )
     for name, group in (
         ("forward fp16/bf16, canonical square buckets (N = 512 ... 16k)", square),
         ("forward fp8 (e4m3) buckets", fp8),

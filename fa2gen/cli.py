@@ -435,7 +435,6 @@ def _run_tune(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from .generator.rendering import template_hash
     from .runtime.dispatch import clear_memo
     from .store.db import TunedDB
     from .store.records import Validity
@@ -458,7 +457,7 @@ def _run_tune(
     cap = f"{dev.capability[0]}.{dev.capability[1]}"
 
     def validity_for(bucket):
-        return Validity(dev.name, cap, triton.__version__, template_hash(bucket.direction))
+        return Validity(dev.name, cap, triton.__version__)
 
     if untuned:
         buckets = [b for b in buckets if results_db.get(validity_for(b), b) is None]
@@ -579,25 +578,23 @@ def export_(
 ) -> None:
     """Write tuned entries of one device as a tuned-config YAML file.
 
-    Only entries tuned against this fa2gen's templates and the chosen Triton version are
-    exported: those are the ones a run-time lookup with that Triton would use.
+    Only entries tuned under the chosen Triton version whose params still render to the code
+    they were measured on are exported: those are the ones a run-time lookup would use.
     """
     import torch
     import triton
 
     from . import __version__
-    from .generator.rendering import TEMPLATES, template_hash
     from .store.db import TunedDB
     from .store.records import RecordError
     from .store.yamlfile import dump
 
     store = TunedDB(db)
     version = triton_version or triton.__version__
-    current = {template_hash(d) for d in TEMPLATES}
     candidates = [e for e in store.entries(device=device) if e.validity.arch == arch]
-    entries = [e for e in candidates if e.validity.triton == version and e.validity.template_hash in current]
+    entries = [e for e in candidates if e.validity.triton == version and e.current]
     if not entries:
-        skipped = f" ({len(candidates)} tuned under another Triton or template)" if candidates else ""
+        skipped = f" ({len(candidates)} tuned under another Triton or on changed code)" if candidates else ""
         typer.echo(f"fa2gen export: no {arch} entries for triton {version} in {store.path}{skipped}", err=True)
         raise typer.Exit(1)
     devices = sorted({(e.validity.device, e.validity.capability) for e in entries})

@@ -202,24 +202,24 @@ def test_module_entry_point():
         assert cmd in r.stdout
 
 
-def _db_with_entries(path, triton_version=None, th=None, device="NVIDIA_H200"):
+def _db_with_entries(path, triton_version=None, code="", device="NVIDIA_H200", n=4096):
     import triton
 
-    from fa2gen.generator.rendering import template_hash
     from fa2gen.generator.spec import TuningParams
     from fa2gen.store.buckets import Bucket
     from fa2gen.store.db import TunedDB
     from fa2gen.store.records import Entry, Measurement, Validity
 
-    v = Validity(device, "9.0", triton_version or triton.__version__, th or template_hash("fwd"))
+    v = Validity(device, "9.0", triton_version or triton.__version__)
     entries = [
         Entry(
             v,
-            Bucket("fwd", "fp16", d, "causal", False, 1, 4096, 4096, 64),
+            Bucket("fwd", "fp16", d, "causal", False, 1, n, n, 64),
             TuningParams(128, 64, 4, 2, "tma_host"),
             Measurement(1.0, 0.9, 1.1, 500.0, 1e-3),
             default_ms=1.25,
             trials=9,
+            code=code,
         )
         for d in (64, 128)
     ]
@@ -251,14 +251,14 @@ def test_export_takes_current_entries_of_one_device(tmp_path):
     src, yml = tmp_path / "a.sqlite", tmp_path / "o.yaml"
     current = _db_with_entries(src)
     _db_with_entries(src, triton_version="3.5.0")  # an older tuning of the same device
-    _db_with_entries(src, th="ffffffffffffffff")  # tuned against another template
+    _db_with_entries(src, code="ffffffffffffffff", n=1024)  # measured on code that has changed since
     r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src)])
     assert r.exit_code == 0, r.output
     from fa2gen.store.yamlfile import read
 
     assert len(read(yml).entries) == len(current)
     r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src), "--triton", "3.4.0"])
-    assert r.exit_code == 1 and "6 tuned under another" in r.output
+    assert r.exit_code == 1 and "6 tuned under another Triton or on changed code" in r.output
     _db_with_entries(src, device="NVIDIA_H100_80GB_HBM3")
     r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src)])
     assert r.exit_code == 1 and "pick one with --device" in r.output

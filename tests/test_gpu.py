@@ -123,7 +123,6 @@ def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
     """A short real tuning run: parallel compile, correctness gate, timing, storage."""
     import triton
 
-    from fa2gen.generator.rendering import template_hash
     from fa2gen.store.buckets import Bucket
     from fa2gen.store.db import TunedDB
     from fa2gen.store.records import Validity
@@ -142,9 +141,7 @@ def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
             space_for(dev.arch),
             db=db,
             storage=open_storage(f"sqlite:///{tmp_path / 's.sqlite'}"),
-            validity_for=lambda b: Validity(
-                dev.name, f"{dev.capability[0]}.{dev.capability[1]}", triton.__version__, template_hash("fwd")
-            ),
+            validity_for=lambda b: Validity(dev.name, f"{dev.capability[0]}.{dev.capability[1]}", triton.__version__),
             options=TuneOptions(trials=8, batch=4),
         )
     finally:

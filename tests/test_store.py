@@ -8,10 +8,10 @@ import yaml
 from fa2gen.generator.spec import TuningParams
 from fa2gen.store.buckets import Bucket
 from fa2gen.store.db import StoreError, TunedDB
-from fa2gen.store.records import Entry, Measurement, RecordError, Validity
+from fa2gen.store.records import SCHEMA_VERSION, Entry, Measurement, RecordError, Validity
 from fa2gen.store.yamlfile import dump, parse
 
-VALID = Validity("NVIDIA_H200", "9.0", "3.6.0", "0123456789abcdef")
+VALID = Validity("NVIDIA_H200", "9.0", "3.6.0")
 B = Bucket("fwd", "bf16", 80, "local", True, 4, 1024, 8192, 256)
 
 
@@ -44,15 +44,15 @@ def test_bucket_keys_round_trip_and_reject_garbage():
 
 def test_db_round_trip_keeps_the_faster_entry(tmp_path):
     db = TunedDB(tmp_path / "t.sqlite")
-    assert db.schema_version() == 1
+    assert db.schema_version() == SCHEMA_VERSION == 2
     db.put([entry(ms=2.0)])
     db.put([entry(ms=1.0, params=TuningParams(64, 64, 4, 3, "pointer"))])
     db.put([entry(ms=3.0, params=TuningParams(32, 32, 4, 1, "pointer"))])  # slower: ignored
     got = db.get(VALID, B)
     assert got.params == TuningParams(64, 64, 4, 3, "pointer") and got.measurement.median_ms == 1.0
     assert got.speedup == pytest.approx(1.5)
-    assert db.get(Validity("NVIDIA_H200", "9.0", "3.7.0", "0123456789abcdef"), B) is None
-    assert db.count_stale(Validity("NVIDIA_H200", "9.0", "3.7.0", "0123456789abcdef")) == 1
+    assert db.get(Validity("NVIDIA_H200", "9.0", "3.7.0"), B) is None
+    assert db.count_stale(Validity("NVIDIA_H200", "9.0", "3.7.0")) == 1
     assert len(list(TunedDB(tmp_path / "t.sqlite").entries())) == 1
 
 
@@ -137,7 +137,7 @@ def _doc(**changes):
         ("a: &x [1]\nb: *x\n", "aliases"),
         ("- 1\n- 2\n", "mapping"),
         (_doc(extra=1), "unknown keys"),
-        (_doc(schema=2), "schema"),
+        (_doc(schema=3), "schema"),
         (_doc(arch="sm100"), "arch"),
         (_doc(device="NVIDIA H200; rm -rf"), "device"),
         (_doc(capability=9.0), "capability"),
@@ -263,3 +263,105 @@ def test_db_paths_with_url_characters(tmp_path):
     odd = tmp_path / "we%ird#dir?x" / "t.sqlite"
     TunedDB(odd).put([entry()])
     assert TunedDB(odd, readonly=True).get(VALID, B) is not None
+
+
+def _v1_row(bucket, params, template_hash_, median_ms, created="2026-11-01T00:00:00+00:00"):
+    import json
+
+    return (
+        "NVIDIA_H200",
+        "9.0",
+        "3.6.0",
+        template_hash_,
+        1,
+        bucket.key,
+        json.dumps(params.to_dict()),
+        median_ms,
+        median_ms,
+        median_ms,
+        100.0,
+        None,
+        None,
+        0.0,
+        3,
+        created,
+    )
+
+
+def test_a_schema_1_database_is_upgraded_to_per_variant_validity(tmp_path):
+    """Opening a v1 database (rows keyed by a hash of all of a direction's templates) for
+    writing upgrades it: a row tuned on today's templates gets today's digest of its own
+    variant and stays valid; one of an older template keeps its old hash and is stale; of
+    two rows of one bucket the valid one is kept. A read-only open refuses to upgrade."""
+    from fa2gen.generator.rendering import template_hash
+
+    path = tmp_path / "v1.sqlite"
+    con = sqlite3.connect(path)
+    con.executescript(
+        """
+        CREATE TABLE schema_version (version INTEGER PRIMARY KEY);
+        INSERT INTO schema_version VALUES (1);
+        CREATE TABLE tuned (id INTEGER PRIMARY KEY AUTOINCREMENT, device VARCHAR(64), capability VARCHAR(8),
+            triton VARCHAR(64), template_hash VARCHAR(16), schema INTEGER, bucket VARCHAR(128), params TEXT,
+            median_ms FLOAT, p20_ms FLOAT, p80_ms FLOAT, tflops FLOAT, default_ms FLOAT, speedup FLOAT,
+            max_error FLOAT, trials INTEGER, created_at VARCHAR(64),
+            UNIQUE (device, capability, triton, template_hash, schema, bucket));
+        """
+    )
+    today, old = template_hash("fwd"), "0123456789abcdef"
+    b1 = Bucket("fwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
+    b2 = Bucket("fwd", "fp16", 128, "none", False, 1, 4096, 4096, 64)
+    p, q = TuningParams(128, 64, 4, 2, "tma_host"), TuningParams(64, 64, 4, 2, "tma_host")
+    rows = [_v1_row(b1, p, today, 2.0), _v1_row(b1, q, old, 1.0), _v1_row(b2, q, old, 1.0)]
+    con.executemany(f"INSERT INTO tuned VALUES (NULL, {', '.join('?' * 16)})", rows)
+    con.commit()
+    con.close()
+    with pytest.raises(StoreError, match="fa2gen import"):
+        TunedDB(path, readonly=True)
+    db = TunedDB(path)
+    assert db.schema_version() == SCHEMA_VERSION
+    got = {e.bucket: e for e in db.entries()}
+    assert set(got) == {b1, b2}
+    assert got[b1].params == p and got[b1].current and got[b1].measurement.median_ms == 2.0
+    assert got[b2].code == old and not got[b2].current
+    assert db.get(VALID, b1) == got[b1] and db.get(VALID, b2) is None
+    assert db.count_stale(VALID) == 1
+
+
+def test_a_stale_row_is_replaced_by_any_new_result():
+    """A row whose code changed compares with nothing: a slower result on today's code
+    replaces it; a slower one does not replace a valid row."""
+    import tempfile
+    from pathlib import Path
+
+    db = TunedDB(Path(tempfile.mkdtemp()) / "t.sqlite")
+    stale = Entry(
+        VALID,
+        B,
+        TuningParams(128, 64, 4, 2, "tma_host"),
+        Measurement(1.0, 0.9, 1.1, 400.0, 0.0),
+        code="ffffffffffffffff",
+    )
+    db.put([stale])
+    assert db.get(VALID, B) is None and db.count_stale(VALID) == 1
+    db.put([entry(ms=3.0)])
+    assert db.get(VALID, B).measurement.median_ms == 3.0 and db.count_stale(VALID) == 0
+    db.put([entry(ms=4.0)])
+    assert db.get(VALID, B).measurement.median_ms == 3.0
+
+
+def test_schema_1_files_read_as_current_or_stale_by_their_template_hash():
+    from fa2gen.generator.rendering import template_hash
+
+    doc = yaml.safe_load(dump([entry()], arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0"))
+    del doc["entries"][0]["code"]
+    doc["schema"] = 1
+    doc["template_hash"] = {"fwd": template_hash("fwd")}
+    [e] = parse(yaml.safe_dump(doc)).entries
+    assert e.current and e.code == entry().code
+    doc["template_hash"] = {"fwd": "0123456789abcdef"}
+    [e] = parse(yaml.safe_dump(doc)).entries
+    assert not e.current and e.code == "0123456789abcdef"
+    doc["entries"][0]["code"] = entry().code  # schema 1 has no per-entry code
+    with pytest.raises(RecordError, match="unknown keys"):
+        parse(yaml.safe_dump(doc))

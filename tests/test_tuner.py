@@ -13,6 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from fa2gen.generator.rendering import template_hash
 from fa2gen.generator.spec import KernelSpec, TuningParams
 from fa2gen.runtime.defaults import bucket_default
 from fa2gen.store.buckets import Bucket
@@ -26,7 +27,21 @@ from fa2gen.tuner.space import GLUON_BWD_CANDIDATES, SPACES, local_moves, prune_
 HERE = Path(__file__).parent
 OPTIMUM = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_device")
 B4K = Bucket("fwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
-VALID = Validity("TEST_GPU", "9.0", "3.6.0", "0123456789abcdef")
+VALID = Validity("TEST_GPU", "9.0", "3.6.0")
+
+
+@pytest.fixture(autouse=True)
+def no_shipped_files(tmp_path, monkeypatch):
+    """Studies here warm-start from the shipped files of a test's own making, never from the
+    repository's (tuner.run.shipped_params reads them)."""
+    from fa2gen.store import shipped
+
+    empty = tmp_path / "no-shipped"
+    (empty / "sm90").mkdir(parents=True)
+    monkeypatch.setattr(shipped, "shipped_root", lambda: empty)
+    shipped.shipped_files.cache_clear()
+    yield
+    shipped.shipped_files.cache_clear()
 
 
 def _tune(tmp_path, buckets, trials=30, sampler="tpe", evaluator=None, resume=True, arch="sm90"):
@@ -233,7 +248,7 @@ def test_trial_killed_while_asked_is_not_guessed(tmp_path, monkeypatch):
     from fa2gen.tuner import study as study_mod
 
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.sqlite'}")
-    prefix = f"{VALID.device}|{VALID.capability}|{VALID.triton}|{VALID.template_hash}"
+    prefix = f"{VALID.device}|{VALID.capability}|{VALID.triton}|{template_hash('fwd')}"
     study = optuna.create_study(
         study_name=study_mod.study_name(prefix, B4K, space_for("sm90")), storage=storage, direction="minimize"
     )
@@ -540,7 +555,7 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     )
     device = DeviceInfo(name="TEST_GPU", capability=(9, 0), arch="sm90", sm_count=132)
     monkeypatch.setenv("FA2GEN_DB", str(tmp_path / "tuned.sqlite"))
-    monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev, direction: VALID)
+    monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev: VALID)
     assert choose(problem, device, "bwd").params == r.best
     assert choose(problem, device, "fwd").source != "db"
 
@@ -703,27 +718,33 @@ def test_tune_command_body_with_directions(tmp_path):
 
 
 def test_tune_untuned_skips_the_buckets_that_have_an_entry(tmp_path):
-    """fa2gen tune --untuned tunes only the grid's buckets with no entry under the current
-    validity (what carry-over left after a template change); an entry under another template
-    does not count."""
+    """fa2gen tune --untuned tunes only the grid's buckets with no valid entry: an entry whose
+    params no longer render to the code it was measured on (after a template change) does
+    not count."""
     import triton
 
     from fa2gen.cli import _run_tune
-    from fa2gen.generator.rendering import template_hash
     from fa2gen.runtime.device import DeviceInfo
     from fa2gen.store.records import Entry, Measurement
     from fa2gen.tuner.grid import default_buckets
 
     first, second, third = default_buckets(("bwd",))[:3]
     db = TunedDB(tmp_path / "tuned.sqlite")
-    now = Validity("TEST_GPU", "9.0", triton.__version__, template_hash("bwd"))
-    stale = Validity("TEST_GPU", "9.0", triton.__version__, "fedcba9876543210")
+    now = Validity("TEST_GPU", "9.0", triton.__version__)
     held = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")
     m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
     db.put(
         [
             Entry(validity=now, bucket=first, params=held, measurement=m, default_ms=1.2, trials=5),
-            Entry(validity=stale, bucket=second, params=held, measurement=m, default_ms=1.2, trials=5),
+            Entry(
+                validity=now,
+                bucket=second,
+                params=held,
+                measurement=m,
+                default_ms=1.2,
+                trials=5,
+                code="ffffffffffffffff",
+            ),
         ]
     )
     ev = CostModelEvaluator()
@@ -787,7 +808,7 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     old = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=4, loads="pointer")
-    stale = Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210")
+    stale = Validity("TEST_GPU", "9.0", "3.6.0")
     db.put(
         [
             Entry(
@@ -863,7 +884,7 @@ def test_the_other_16_bit_dtypes_winner_is_a_warm_start(tmp_path):
         ]
     )
     assert sibling_params(db, VALID, B4K) == [won]
-    assert sibling_params(db, Validity("TEST_GPU", "9.0", "3.6.0", "fedcba9876543210"), B4K) == []
+    assert sibling_params(db, Validity("TEST_GPU", "9.0", "3.7.0"), B4K) == []
     fp8 = Bucket("fwd", "fp8e4m3", 128, "causal", False, 1, 4096, 4096, 64)
     assert sibling_params(db, VALID, fp8) == []
     ev = CostModelEvaluator(optimum=won)
@@ -880,7 +901,7 @@ def test_the_other_16_bit_dtypes_winner_is_a_warm_start(tmp_path):
 def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
     """A study measures what dispatch runs today from the shipped files, whatever device and
     Triton tuned it (another GPU of the arch, another version): the device's own and the
-    nearest version first, and nothing tuned under another template."""
+    nearest version first, and one measured on code that has changed since last."""
     from fa2gen.store import shipped
     from fa2gen.store.records import Entry, Measurement
     from fa2gen.store.yamlfile import dump
@@ -897,14 +918,15 @@ def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
     m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
     files = {
         "own": (VALID, own),
-        "near": (Validity("OTHER_GPU", "9.0", "3.7.1", VALID.template_hash), near),
-        "far": (Validity("OTHER_GPU", "9.0", "3.9.0", VALID.template_hash), far),
-        "stale": (Validity("OTHER_GPU", "9.0", "3.6.0", "fedcba9876543210"), stale),
+        "near": (Validity("OTHER_GPU", "9.0", "3.7.1"), near),
+        "far": (Validity("OTHER_GPU", "9.0", "3.9.0"), far),
+        "stale": (Validity("OTHER_GPU", "9.0", "3.6.0"), stale),
     }
     for name, (v, params) in files.items():
+        code = "ffffffffffffffff" if name == "stale" else ""
         (root / "sm90" / f"{name}.yaml").write_text(
             dump(
-                [Entry(validity=v, bucket=B4K, params=params, measurement=m, default_ms=1.2, trials=9)],
+                [Entry(validity=v, bucket=B4K, params=params, measurement=m, default_ms=1.2, trials=9, code=code)],
                 arch="sm90",
                 fa2gen_version="0.1.0",
                 torch_version="2.11.0",
@@ -912,7 +934,7 @@ def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
         )
     shipped.shipped_files.cache_clear()
     try:
-        assert shipped_params(VALID, B4K, "sm90") == [own, near, far]
+        assert shipped_params(VALID, B4K, "sm90") == [own, near, far, stale]
         assert shipped_params(dataclasses.replace(VALID, device="OTHER_GPU"), B4K, "sm90")[0] == near
         assert shipped_params(VALID, dataclasses.replace(B4K, seqlen_q=1024, seqlen_k=1024), "sm90") == []
         ev = CostModelEvaluator(optimum=far)

@@ -1,14 +1,15 @@
 """Where a call's tuning params come from, in order of preference.
 
-1. the user's tuned database (this device, same Triton and template), exact bucket,
-   then the nearest bucket of the same kernel;
+1. the user's tuned database (this device, same Triton), exact bucket, then the nearest
+   bucket of the same kernel;
 2. the shipped YAML: the exact bucket in this device's file, then in any file of the
    same arch; then the nearest bucket, in the same order;
 3. the heuristic default.
 
 "Nearest" means at most ``MAX_DISTANCE`` doublings away, summed over the rounded
 dimensions; farther than that a tuned config says little and the default is used.
-Entries tuned under another template are skipped with a debug log, and so are the
+An entry whose params no longer render to the code it was measured on (``Entry.current``:
+a template change that alters its variant, not a comment edit) is skipped, and so are the
 database's entries of another Triton; where no shipped file was tuned under the installed
 Triton, those of the nearest version tuned answer first (``by_triton``). A
 corrupt database or file warns once and falls back: a lookup never fails a call.
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 
 from .. import compat
 from ..generator.arch import fits
-from ..generator.rendering import template_hash
 from ..generator.spec import TuningParams
 from ..store.buckets import Bucket
 from .defaults import bucket_default
@@ -55,25 +55,25 @@ def tuned_disabled() -> bool:
     return os.environ.get("FA2GEN_DISABLE_TUNED", "0") not in ("", "0")
 
 
-def _validity(device: DeviceInfo, direction: str):
+def _validity(device: DeviceInfo):
     import triton
 
     from ..store.records import Validity
 
-    return Validity(
-        device.name, f"{device.capability[0]}.{device.capability[1]}", triton.__version__, template_hash(direction)
-    )
+    return Validity(device.name, f"{device.capability[0]}.{device.capability[1]}", triton.__version__)
 
 
 def _nearest(bucket: Bucket, entries, spec, arch):
-    best = None
-    for e in entries:
-        if not bucket.same_kernel(e.bucket) or fits(spec, e.params, arch) is not None:
-            continue
-        d = bucket.distance(e.bucket)
-        if d <= MAX_DISTANCE and (best is None or d < best[0]):
-            best = (d, e)
-    return best[1] if best else None
+    """The nearest of ``entries`` (same kernel, within MAX_DISTANCE) that fits and whose code
+    is unchanged (checked last: it renders the entry's variant once per process)."""
+    near = sorted(
+        ((bucket.distance(e.bucket), i, e) for i, e in enumerate(entries) if bucket.same_kernel(e.bucket)),
+        key=lambda t: t[:2],
+    )
+    for d, _, e in near:
+        if d <= MAX_DISTANCE and fits(spec, e.params, arch) is None and e.current:
+            return e
+    return None
 
 
 _readers: dict = {}
@@ -112,20 +112,19 @@ def _from_db(bucket, validity, spec, arch) -> Choice | None:
             return Choice(exact.params, "db", exact.bucket, validity.triton)
         same = list(
             db.entries(
-                device=validity.device,
-                capability=validity.capability,
-                triton=validity.triton,
-                template_hash=validity.template_hash,
-                schema=validity.schema,
+                device=validity.device, capability=validity.capability, triton=validity.triton, schema=validity.schema
             )
         )
-        stale = db.count_stale(validity)
+        near = _nearest(bucket, same, spec, arch)
+        if near is None and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "fa2gen: %d entries in %s tuned under another Triton or on changed code; skipped",
+                db.count_stale(validity),
+                path,
+            )
     except Exception as e:  # StoreError, OSError, SQLAlchemyError, or worse: never fail the call
         _warn_once(f"db:{path}", f"fa2gen: tuned database {path} unusable, falling back: {e}")
         return None
-    if stale:
-        log.debug("fa2gen: %d entries in %s were tuned under another Triton/template; skipped", stale, path)
-    near = _nearest(bucket, same, spec, arch)
     return Choice(near.params, "db-nearest", near.bucket, validity.triton) if near else None
 
 
@@ -137,23 +136,25 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
     except Exception as e:  # unreadable folder: fall back, never fail the call
         _warn_once(f"shipped:{arch}", f"fa2gen: shipped tuned configs unusable, falling back: {e}")
         return None
-    current = []
-    for device, cfg in files:
-        if cfg.meta["template_hash"].get(bucket.direction) != validity.template_hash:
-            log.debug("fa2gen: shipped %s/%s tuned under another template; skipped", arch, device)
-            continue
-        current.append((device, cfg))
-    own = by_triton([cfg for device, cfg in current if device == validity.device], validity.triton)
-    arch_files = by_triton([cfg for device, cfg in current if device != validity.device], validity.triton)
+    own = by_triton([cfg for device, cfg in files if device == validity.device], validity.triton)
+    arch_files = by_triton([cfg for device, cfg in files if device != validity.device], validity.triton)
     # An exact bucket, the device's own or another's of the arch, before any nearest one: a
-    # bucket tuned on a sibling GPU says more than a neighbour tuned on this one.
-    for files, source in ((own, "shipped"), (arch_files, "shipped-arch")):
-        for cfg in files:
+    # bucket tuned on a sibling GPU says more than a neighbour tuned on this one. An entry
+    # whose params no longer render to the code it was measured on is skipped.
+    for group, source in ((own, "shipped"), (arch_files, "shipped-arch")):
+        for cfg in group:
             for e in cfg.entries:
                 if e.bucket == bucket and fits(spec, e.params, arch) is None:
-                    return Choice(e.params, source, e.bucket, cfg.meta["triton"])
-    for files, source in ((own, "shipped-nearest"), (arch_files, "shipped-arch")):
-        for cfg in files:
+                    if e.current:
+                        return Choice(e.params, source, e.bucket, cfg.meta["triton"])
+                    log.debug(
+                        "fa2gen: shipped %s/%s entry for %s tuned on other code; skipped",
+                        arch,
+                        cfg.meta["device"],
+                        bucket.key,
+                    )
+    for group, source in ((own, "shipped-nearest"), (arch_files, "shipped-arch")):
+        for cfg in group:
             near = _nearest(bucket, cfg.entries, spec, arch)
             if near:
                 return Choice(near.params, source, near.bucket, cfg.meta["triton"])
@@ -179,7 +180,7 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
     arch = device.arch if device else "cpu"
     bucket = Bucket.of(problem, spec.direction)
     if device is not None and not tuned_disabled():
-        validity = _validity(device, spec.direction)
+        validity = _validity(device)
         for source in (_from_db, _from_shipped):
             found = source(bucket, validity, spec, arch)
             # Newer GPUs share sm90's configs, but the Gluon forward issues Hopper's wgmma.

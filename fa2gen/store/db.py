@@ -43,13 +43,12 @@ class SchemaRow(Base):
 
 class TunedRow(Base):
     __tablename__ = "tuned"
-    __table_args__ = (UniqueConstraint("device", "capability", "triton", "template_hash", "schema", "bucket"),)
+    __table_args__ = (UniqueConstraint("device", "capability", "triton", "schema", "bucket"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     device: Mapped[str] = mapped_column(String(64))
     capability: Mapped[str] = mapped_column(String(8))
     triton: Mapped[str] = mapped_column(String(64))
-    template_hash: Mapped[str] = mapped_column(String(16))
     schema: Mapped[int] = mapped_column(Integer)
     bucket: Mapped[str] = mapped_column(String(128))
     params: Mapped[str] = mapped_column(Text)
@@ -62,11 +61,51 @@ class TunedRow(Base):
     max_error: Mapped[float] = mapped_column(Float)
     trials: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[str] = mapped_column(String(64))
+    code: Mapped[str] = mapped_column(String(16))  # digest of the code the params rendered to
 
 
-_KEY_COLUMNS = ("device", "capability", "triton", "template_hash", "schema", "bucket")
+_KEY_COLUMNS = ("device", "capability", "triton", "schema", "bucket")
+
+
+def _upgrade_1(session: Session) -> None:
+    """v1 keyed rows by the hash of all of a direction's templates; v2 keeps one row a bucket
+    and stamps it with its variant's code digest. A row tuned on today's templates gets
+    today's digest; any other keeps its old hash, which no digest matches (stale). Of two
+    rows of one bucket, the one tuned on today's templates stays, else the faster."""
+    from ..generator.rendering import template_hash
+
+    conn = session.connection()
+    conn.exec_driver_sql("ALTER TABLE tuned RENAME TO tuned_v1")
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_tuned_key")
+    Base.metadata.create_all(conn)
+    columns = [c.name for c in TunedRow.__table__.columns if c.name not in ("id", "code", "schema")]
+    rows = conn.exec_driver_sql(f"SELECT {', '.join(columns)}, template_hash FROM tuned_v1").fetchall()
+    kept: dict[tuple, tuple[bool, float, dict]] = {}
+    for row in rows:
+        values = dict(zip(columns, row[:-1]))
+        old_hash = row[-1]
+        code, current = old_hash, False
+        try:
+            bucket = bucket_from_key(values["bucket"])
+            if old_hash == template_hash(bucket.direction):
+                from ..generator.identity import code_digest
+
+                code = code_digest(bucket.kernel_spec(), params_from_data(json.loads(values["params"])))
+                current = True
+        except Exception:  # an invalid row moves as it is; reading it later skips it
+            pass
+        values.update(code=str(code)[:16], schema=SCHEMA_VERSION)
+        key = tuple(values[c] for c in _KEY_COLUMNS)
+        rank = (current, -float(values["median_ms"] or 0))
+        if key not in kept or rank > kept[key][:2]:
+            kept[key] = (*rank, values)
+    if kept:
+        conn.execute(TunedRow.__table__.insert(), [v for *_, v in kept.values()])
+    conn.exec_driver_sql("DROP TABLE tuned_v1")
+
+
 # Upgrades from version N to N + 1, applied in order inside one transaction.
-_UPGRADES: dict[int, callable] = {}
+_UPGRADES: dict[int, callable] = {1: _upgrade_1}
 
 
 def default_db_path() -> Path:
@@ -91,7 +130,8 @@ def _build_entry(row: TunedRow) -> Entry:
     except (TypeError, ValueError):
         raise RecordError(f"params: not JSON: {row.params!r:.80}") from None
     return Entry(
-        validity=Validity(row.device, row.capability, row.triton, row.template_hash, row.schema),
+        validity=Validity(row.device, row.capability, row.triton, row.schema),
+        code=row.code,
         bucket=bucket_from_key(row.bucket),
         params=params_from_data(params),
         measurement=Measurement(row.median_ms, row.p20_ms, row.p80_ms, row.tflops, row.max_error),
@@ -101,13 +141,19 @@ def _build_entry(row: TunedRow) -> Entry:
     )
 
 
+def _current(row: TunedRow) -> bool:
+    try:
+        return _entry_from_row(row).current
+    except RecordError:
+        return False
+
+
 def _row_values(entry: Entry) -> dict:
     v, m = entry.validity, entry.measurement
     return {
         "device": v.device,
         "capability": v.capability,
         "triton": v.triton,
-        "template_hash": v.template_hash,
         "schema": v.schema,
         "bucket": entry.bucket.key,
         "params": json.dumps(entry.params.to_dict(), sort_keys=True),
@@ -120,6 +166,16 @@ def _row_values(entry: Entry) -> dict:
         "max_error": m.max_error,
         "trials": entry.trials,
         "created_at": entry.created_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "code": entry.code,
+    }
+
+
+def _scope(validity: Validity) -> dict:
+    return {
+        "device": validity.device,
+        "capability": validity.capability,
+        "triton": validity.triton,
+        "schema": validity.schema,
     }
 
 
@@ -191,7 +247,8 @@ class TunedDB:
         """Insert or improve entries: an existing row is replaced by a faster one, or by any
         where the row is still ``superseding`` (same params, time and date), the entry the
         caller timed again beside the new one, in one study where the times compare; a row
-        another writer changed meanwhile is then replaced only by a faster one."""
+        another writer changed meanwhile is then replaced only by a faster one. A row whose
+        params no longer render to the code it was measured on is replaced by any entry."""
         rows = [_row_values(e) for e in entries]
         if not rows:
             return 0
@@ -214,6 +271,12 @@ class TunedDB:
             where=faster,
         )
         with Session(self.engine) as session, session.begin():
+            for row in rows:  # stale rows go first (inside the write lock): their times compare with nothing
+                key = {c: row[c] for c in _KEY_COLUMNS}
+                held = session.scalars(select(TunedRow).filter_by(**key)).first()
+                if held is not None and not _current(held):
+                    session.delete(held)
+            session.flush()
             session.execute(stmt)
         return len(rows)
 
@@ -234,24 +297,20 @@ class TunedDB:
                 log.warning("fa2gen: skipping invalid row %s in %s: %s", row.id, self.path, e)
 
     def get(self, validity: Validity, bucket: Bucket) -> Entry | None:
-        found = list(
-            self.entries(
-                device=validity.device,
-                capability=validity.capability,
-                triton=validity.triton,
-                template_hash=validity.template_hash,
-                schema=validity.schema,
-                bucket=bucket.key,
-            )
-        )
+        """The bucket's entry where ``validity`` holds, if its params still render to the code
+        it was measured on."""
+        found = [e for e in self.entries(**_scope(validity), bucket=bucket.key) if e.current]
         return found[0] if found else None
 
+    def current(self, validity: Validity) -> list[Entry]:
+        """Every entry where ``validity`` holds whose params still render to its code."""
+        return [e for e in self.entries(**_scope(validity)) if e.current]
+
     def count_stale(self, validity: Validity) -> int:
-        """Rows for this device tuned under another Triton, template or schema."""
+        """Rows for this device tuned under another Triton or schema, or on code that changed."""
+        rows = self._rows(device=validity.device, capability=validity.capability)
         return sum(
-            1
-            for row in self._rows(device=validity.device, capability=validity.capability)
-            if (row.triton, row.template_hash, row.schema) != (validity.triton, validity.template_hash, validity.schema)
+            1 for row in rows if (row.triton, row.schema) != (validity.triton, validity.schema) or not _current(row)
         )
 
     def dispose(self) -> None:

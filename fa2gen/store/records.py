@@ -7,10 +7,11 @@ import re
 from dataclasses import dataclass, field
 
 from ..generator.arch import arch_from_capability
+from ..generator.identity import code_digest
 from ..generator.spec import SpecError, TuningParams, unsupported
 from .buckets import Bucket
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: validity per variant (each entry's code digest), was per direction's templates
 _DEVICE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 _CAPABILITY = re.compile(r"^\d{1,2}\.\d{1,2}$")
 _TRITON = re.compile(r"^\d{1,3}\.\d{1,3}[A-Za-z0-9_.+-]{0,56}$")  # major.minor first: compared by them
@@ -45,19 +46,18 @@ def check_number(
 
 @dataclass(frozen=True)
 class Validity:
-    """Where an entry applies: a device, its capability, and the code that was tuned."""
+    """Where an entry applies: a device, its capability, the Triton that compiled it and the
+    record format. (Which code it was tuned on is the entry's own: ``Entry.code``.)"""
 
     device: str
     capability: str
     triton: str
-    template_hash: str
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         check_str("device", self.device, _DEVICE)
         check_str("capability", self.capability, _CAPABILITY)
         check_str("triton", self.triton, _TRITON)
-        check_str("template_hash", self.template_hash, _HASH)
         if isinstance(self.schema, bool) or not isinstance(self.schema, int) or self.schema < 1:
             raise RecordError(f"schema: invalid value {self.schema!r}")
 
@@ -83,7 +83,8 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Entry:
-    """The best params found for a bucket, with how they measured."""
+    """The best params found for a bucket, with how they measured, and the digest of the code
+    they rendered to when they were measured (``code``; left empty, the current code's)."""
 
     validity: Validity
     bucket: Bucket
@@ -92,6 +93,7 @@ class Entry:
     default_ms: float | None = None
     trials: int = 0
     created_at: str = field(default="")
+    code: str = ""
 
     def __post_init__(self) -> None:
         check_number("default_ms", self.default_ms, positive=True, allow_none=True)
@@ -104,6 +106,15 @@ class Entry:
         why = unsupported(self.bucket.kernel_spec(), self.params)
         if why:
             raise RecordError(f"params for {self.bucket.key}: {why}")
+        if self.code == "":
+            object.__setattr__(self, "code", code_digest(self.bucket.kernel_spec(), self.params))
+        check_str("code", self.code, _HASH)
+
+    @property
+    def current(self) -> bool:
+        """Whether the params still render to the code they were measured on: a comment edit
+        in a template keeps an entry valid, a change to what its variant computes does not."""
+        return self.code == code_digest(self.bucket.kernel_spec(), self.params)
 
     @property
     def speedup(self) -> float | None:

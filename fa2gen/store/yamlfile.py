@@ -16,7 +16,9 @@ from pathlib import Path
 import yaml
 
 from ..generator.arch import ARCHES
+from ..generator.rendering import template_hash
 from .records import (
+    _HASH,
     SCHEMA_VERSION,
     Entry,
     Measurement,
@@ -24,12 +26,18 @@ from .records import (
     Validity,
     bucket_from_key,
     check_number,
+    check_str,
     params_from_data,
 )
 
 MAX_BYTES = 8 * 1024 * 1024
-_META_KEYS = {"schema", "fa2gen", "device", "capability", "arch", "triton", "torch", "template_hash", "date", "entries"}
+_META_KEYS = {"schema", "fa2gen", "device", "capability", "arch", "triton", "torch", "date", "entries"}
+# Schema 1 stamped one hash of all of a direction's templates in the header; schema 2 stamps
+# each entry with the digest of its variant's code (``code``). A schema-1 entry whose
+# direction's templates are unchanged is read as tuned on today's code, else as stale.
+_META_KEYS_V1 = _META_KEYS | {"template_hash"}
 _ENTRY_KEYS = {
+    "code",
     "bucket",
     "params",
     "median_ms",
@@ -43,6 +51,7 @@ _ENTRY_KEYS = {
     "created_at",
 }
 _REQUIRED_ENTRY_KEYS = {"bucket", "params", "median_ms", "p20_ms", "p80_ms", "tflops", "max_error"}
+_REQUIRED_ENTRY_KEYS_V2 = _REQUIRED_ENTRY_KEYS | {"code"}
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -73,24 +82,30 @@ def _text(name: str, value, max_len: int = 64) -> str:
     return value
 
 
-def _entry(raw, template_hash: dict, header: dict, index: int) -> Entry:
+def _entry(raw, template_hashes: dict | None, header: dict, index: int) -> Entry:
     where = f"entries[{index}]"
     if not isinstance(raw, dict):
         raise RecordError(f"{where}: expected a mapping")
-    unknown = set(map(str, raw)) - _ENTRY_KEYS
-    missing = _REQUIRED_ENTRY_KEYS - set(raw)
+    unknown = set(map(str, raw)) - (_ENTRY_KEYS if template_hashes is None else _ENTRY_KEYS - {"code"})
+    missing = (_REQUIRED_ENTRY_KEYS_V2 if template_hashes is None else _REQUIRED_ENTRY_KEYS) - set(raw)
     if unknown or missing:
         raise RecordError(f"{where}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
     try:
         bucket = bucket_from_key(raw["bucket"])
-        th = template_hash.get(bucket.direction)
-        if th is None:
-            raise RecordError(f"no template_hash for direction {bucket.direction!r}")
+        if template_hashes is None:
+            code = check_str("code", raw["code"], _HASH)
+        else:
+            code = template_hashes.get(bucket.direction)
+            if code is None:
+                raise RecordError(f"no template_hash for direction {bucket.direction!r}")
+            if code == template_hash(bucket.direction):
+                code = ""  # tuned on today's templates: the current code's digest
         trials = raw.get("trials", 0)
         if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
             raise RecordError(f"trials: invalid value {trials!r}")
         entry = Entry(
-            validity=Validity(header["device"], header["capability"], header["triton"], th, header["schema"]),
+            validity=Validity(header["device"], header["capability"], header["triton"]),
+            code=code,
             bucket=bucket,
             params=params_from_data(raw["params"]),
             measurement=Measurement(
@@ -126,20 +141,24 @@ def _parse(text: str) -> ConfigFile:
         raise RecordError(f"not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise RecordError("top level must be a mapping")
-    unknown, missing = set(map(str, data)) - _META_KEYS, _META_KEYS - set(data)
+    schema = data.get("schema")
+    if schema not in (1, SCHEMA_VERSION) or isinstance(schema, bool):
+        raise RecordError(f"schema: this fa2gen reads v1 and v{SCHEMA_VERSION}, file is {schema!r:.40}")
+    keys = _META_KEYS_V1 if schema == 1 else _META_KEYS
+    unknown, missing = set(map(str, data)) - keys, keys - set(data)
     if unknown or missing:
         raise RecordError(f"unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
-    schema = data["schema"]
-    if schema != SCHEMA_VERSION or isinstance(schema, bool):
-        raise RecordError(f"schema: this fa2gen reads v{SCHEMA_VERSION}, file is {schema!r}")
     if not isinstance(data["arch"], str) or data["arch"] not in ARCHES:
         raise RecordError(f"arch: unknown {data['arch']!r}")
     capability = data["capability"]
     if not isinstance(capability, str):
         raise RecordError(f"capability must be a quoted string like '9.0', got {capability!r}")
-    template_hash = data["template_hash"]
-    if not isinstance(template_hash, dict) or not template_hash:
-        raise RecordError("template_hash: expected a mapping of direction to hash")
+    hashes = None
+    if schema == 1:
+        hashes = data["template_hash"]
+        if not isinstance(hashes, dict) or not hashes:
+            raise RecordError("template_hash: expected a mapping of direction to hash")
+        hashes = {_text("template_hash key", k): check_str("template_hash", v, _HASH) for k, v in hashes.items()}
     meta = {
         "schema": schema,
         "fa2gen": _text("fa2gen", data["fa2gen"]),
@@ -148,16 +167,13 @@ def _parse(text: str) -> ConfigFile:
         "arch": data["arch"],
         "triton": data["triton"],
         "torch": _text("torch", data["torch"]),
-        "template_hash": {_text("template_hash key", k): v for k, v in template_hash.items()},
         "date": _text("date", str(data["date"])),
     }
-    # Validity checks device, capability, triton and each hash's format.
-    for direction, th in meta["template_hash"].items():
-        Validity(meta["device"], capability, meta["triton"], th, schema)
+    Validity(meta["device"], capability, meta["triton"])  # checks device, capability and triton
     raw_entries = data["entries"]
     if not isinstance(raw_entries, list):
         raise RecordError("entries: expected a list")
-    entries = tuple(_entry(raw, meta["template_hash"], meta, i) for i, raw in enumerate(raw_entries))
+    entries = tuple(_entry(raw, hashes, meta, i) for i, raw in enumerate(raw_entries))
     return ConfigFile(meta, entries)
 
 
@@ -179,15 +195,10 @@ def dump(entries: list[Entry], *, arch: str, fa2gen_version: str, torch_version:
     if not entries:
         raise RecordError("nothing to export")
     first = entries[0].validity
-    hashes: dict[str, str] = {}
-    for e in entries:
-        v = e.validity
-        if (v.device, v.capability, v.triton, v.schema) != (first.device, first.capability, first.triton, first.schema):
-            raise RecordError("entries for one file must share device, capability, Triton and schema")
-        if hashes.setdefault(e.bucket.direction, v.template_hash) != v.template_hash:
-            raise RecordError(f"entries of direction {e.bucket.direction} carry two template hashes")
+    if any(e.validity != first for e in entries):
+        raise RecordError("entries for one file must share device, capability, Triton and schema")
     doc = {
-        "schema": first.schema,
+        "schema": SCHEMA_VERSION,
         "fa2gen": str(fa2gen_version),
         "device": first.device,
         "capability": first.capability,
@@ -195,12 +206,12 @@ def dump(entries: list[Entry], *, arch: str, fa2gen_version: str, torch_version:
         "triton": first.triton,
         # str(): torch.__version__ is a str subclass yaml cannot represent; checked as on reading
         "torch": _text("torch", str(torch_version)),
-        "template_hash": hashes,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "entries": [
             {
                 "bucket": e.bucket.key,
                 "params": e.params.to_dict(),
+                "code": e.code,
                 "median_ms": round(e.measurement.median_ms, 6),
                 "p20_ms": round(e.measurement.p20_ms, 6),
                 "p80_ms": round(e.measurement.p80_ms, 6),

@@ -10,6 +10,7 @@ from typing import Callable
 
 import optuna
 
+from ..generator.rendering import template_hash
 from ..generator.spec import TuningParams
 from ..runtime.defaults import bucket_default
 from ..store.buckets import Bucket
@@ -103,12 +104,12 @@ def _moves(bucket: Bucket, default: TuningParams, space: SearchSpace) -> list[Tu
 
 def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = 1) -> list[TuningParams]:
     """The newest ``limit`` winners stored for this bucket on this device under other Triton
-    versions, templates or schemas: after a template change, re-tuning measures the old
-    winner at once."""
+    versions or schemas, or on code that has changed since: after a template change,
+    re-tuning measures the old winner at once."""
     entries = [
         e
         for e in db.entries(device=validity.device, capability=validity.capability, bucket=bucket.key)
-        if e.validity != validity
+        if e.validity != validity or not e.current
     ]
     entries.sort(key=lambda e: e.created_at, reverse=True)
     return _distinct_params(entries, limit)
@@ -129,37 +130,25 @@ def sibling_params(db: TunedDB, validity: Validity, bucket: Bucket) -> list[Tuni
 
 
 def shipped_params(validity: Validity, bucket: Bucket, arch: str) -> list[TuningParams]:
-    """This bucket's params in the shipped files of ``arch`` under the current template: the
-    point dispatch runs today without this run's entry, from any device (the arch fallback
-    runs them here) and any Triton version, the device's own and the nearest version first.
-    A study that measures it stores nothing slower than what users already get."""
+    """This bucket's params in the shipped files of ``arch``: the point dispatch runs today
+    without this run's entry, from any device (the arch fallback runs them here) and any
+    Triton version, the device's own and the nearest version first; entries tuned on code
+    that has changed since too (their params are still the likeliest point). A study that
+    measures them stores nothing slower than what users already get."""
     from ..runtime.lookup import by_triton
     from ..store.shipped import shipped_files
 
-    current = [
-        (device, cfg)
-        for device, cfg in shipped_files(arch)
-        if cfg.meta["template_hash"].get(bucket.direction) == validity.template_hash
-    ]
-    files = by_triton([cfg for device, cfg in current if device == validity.device], validity.triton) + by_triton(
-        [cfg for device, cfg in current if device != validity.device], validity.triton
+    files = shipped_files(arch)
+    files = by_triton([cfg for device, cfg in files if device == validity.device], validity.triton) + by_triton(
+        [cfg for device, cfg in files if device != validity.device], validity.triton
     )
-    return _distinct_params([e for cfg in files for e in cfg.entries if e.bucket == bucket], limit=len(files))
+    entries = sorted((e for cfg in files for e in cfg.entries if e.bucket == bucket), key=lambda e: not e.current)
+    return _distinct_params(entries, limit=len(entries))
 
 
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
     """Best params of the nearest already-tuned buckets of the same kernel."""
-    entries = [
-        e
-        for e in db.entries(
-            device=validity.device,
-            capability=validity.capability,
-            triton=validity.triton,
-            template_hash=validity.template_hash,
-            schema=validity.schema,
-        )
-        if e.bucket.same_kernel(bucket) and e.bucket != bucket
-    ]
+    entries = [e for e in db.current(validity) if e.bucket.same_kernel(bucket) and e.bucket != bucket]
     entries.sort(key=lambda e: bucket.distance(e.bucket))
     return _distinct_params(entries, limit)
 
@@ -196,7 +185,8 @@ def tune(
         if on_bucket_start:
             on_bucket_start(i, bucket)
         validity = validity_for(bucket)
-        prefix = f"{validity.device}|{validity.capability}|{validity.triton}|{validity.template_hash}"
+        # a study searches its direction's templates as they are: their hash names it
+        prefix = f"{validity.device}|{validity.capability}|{validity.triton}|{template_hash(bucket.direction)}"
         bucket_space = space_for(space.arch, bucket.direction)
         if not options.resume:
             try:
