@@ -534,7 +534,9 @@ def show(
         typer.echo(f"fa2gen show: {e}", err=True)
         raise typer.Exit(1)
     table = Table(title=str(store.path))
-    for col in ("device", "arch", "triton", "bucket", "config", "ms", "TFLOP/s", "speedup", "trials"):
+    # code: "current" while the params render to the code they were measured on, else "changed"
+    # (the lookup skips the entry until its bucket is tuned again)
+    for col in ("device", "arch", "triton", "bucket", "config", "code", "ms", "TFLOP/s", "speedup", "trials"):
         table.add_column(col)
     n = 0
     for e in store.entries(device=device):
@@ -548,6 +550,7 @@ def show(
             e.validity.triton,
             e.bucket.key,
             p.label(),
+            "current" if e.current else "changed",
             f"{e.measurement.median_ms:.4f}",
             f"{e.measurement.tflops:.0f}",
             f"{e.speedup:.2f}x" if e.speedup else "-",

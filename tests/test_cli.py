@@ -252,6 +252,9 @@ def test_export_takes_current_entries_of_one_device(tmp_path):
     current = _db_with_entries(src)
     _db_with_entries(src, triton_version="3.5.0")  # an older tuning of the same device
     _db_with_entries(src, code="ffffffffffffffff", n=1024)  # measured on code that has changed since
+    r = runner.invoke(app, ["show", "--db", str(src)])
+    rows = [line for line in r.output.splitlines() if "fwd/fp16" in line]
+    assert len(rows) == 6 and sum("changed" in row for row in rows) == 2 and sum("current" in row for row in rows) == 4
     r = runner.invoke(app, ["export", "--arch", "sm90", "-o", str(yml), "--db", str(src)])
     assert r.exit_code == 0, r.output
     from fa2gen.store.yamlfile import read
