@@ -88,6 +88,12 @@ def test_db_skips_tampered_rows(tmp_path, caplog):
     con.close()
     assert [e.bucket.head_dim for e in TunedDB(path).entries()] == [64]
     assert "skipping invalid row" in caplog.text
+    # an emptied code digest is refused, not taken for today's (which would make the row valid)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuned SET code = ''")
+    con.commit()
+    con.close()
+    assert list(TunedDB(path).entries()) == []
 
 
 def test_db_refuses_newer_schema_and_non_databases(tmp_path):

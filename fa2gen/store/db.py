@@ -22,7 +22,17 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ..paths import user_cache_root
 from .buckets import Bucket
-from .records import SCHEMA_VERSION, Entry, Measurement, RecordError, Validity, bucket_from_key, params_from_data
+from .records import (
+    _HASH,
+    SCHEMA_VERSION,
+    Entry,
+    Measurement,
+    RecordError,
+    Validity,
+    bucket_from_key,
+    check_str,
+    params_from_data,
+)
 
 log = logging.getLogger(__name__)
 BUSY_TIMEOUT_MS = 60_000
@@ -131,7 +141,7 @@ def _build_entry(row: TunedRow) -> Entry:
         raise RecordError(f"params: not JSON: {row.params!r:.80}") from None
     return Entry(
         validity=Validity(row.device, row.capability, row.triton, row.schema),
-        code=row.code,
+        code=check_str("code", row.code, _HASH),  # never left empty: Entry would take today's digest
         bucket=bucket_from_key(row.bucket),
         params=params_from_data(params),
         measurement=Measurement(row.median_ms, row.p20_ms, row.p80_ms, row.tflops, row.max_error),
