@@ -99,10 +99,10 @@ def launch(kept: dict, name, kernel, grid, args, options) -> None:
     """``kernel[grid](*args, **options)``, through the launcher kept under ``name`` (any
     key naming the kernel) in ``kept`` (a kept launch's own dict) where the call fits it.
     The first launch goes through Triton and, when enabled, keeps the launcher for the next."""
-    options = compat.codegen(options)
     direct = kept.get(name)
     if direct and direct(args):
         return
+    options = compat.codegen(options)  # off the kept path: a launch through Triton only
     kernel[grid](*args, **options)
     if direct is None and ENABLED:
         kept[name] = DirectKernel.keep(kernel, grid, args, options) or False  # False: never
