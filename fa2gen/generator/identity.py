@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import itertools
 import json
 import tokenize
 from dataclasses import dataclass
@@ -91,16 +92,19 @@ def normalised(source: str) -> str:
     located, never re-joined, so the text kept is the source's own on every Python."""
     drop = []  # (start, end) positions of comments and of string-only statements
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    skip = {tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT}
+    layout = {tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT}
+    before = None  # the last token that is not layout
     for i, tok in enumerate(tokens):
         if tok.type == tokenize.COMMENT:
             drop.append((tok.start, tok.end))
-        elif tok.type == tokenize.STRING:
-            before = next((t for t in reversed(tokens[:i]) if t.type not in skip), None)
-            after = next((t for t in tokens[i + 1 :] if t.type not in (tokenize.NL, tokenize.COMMENT)), None)
-            starts = before is None or before.type == tokenize.NEWLINE or before.string == ":"
-            if starts and after is not None and after.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+        elif tok.type == tokenize.STRING and (
+            before is None or before.type == tokenize.NEWLINE or before.string == ":"
+        ):
+            after = next((t for t in itertools.islice(tokens, i + 1, None) if t.type not in layout), None)
+            if after is not None and after.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
                 drop.append((tok.start, tok.end))
+        if tok.type not in layout:
+            before = tok
     lines = source.splitlines()
     for (row0, col0), (row1, col1) in reversed(drop):
         if row0 == row1:

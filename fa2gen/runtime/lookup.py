@@ -136,8 +136,7 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
     except Exception as e:  # unreadable folder: fall back, never fail the call
         _warn_once(f"shipped:{arch}", f"fa2gen: shipped tuned configs unusable, falling back: {e}")
         return None
-    own = by_triton([cfg for device, cfg in files if device == validity.device], validity.triton)
-    arch_files = by_triton([cfg for device, cfg in files if device != validity.device], validity.triton)
+    own, arch_files = in_order(files, validity)
     # An exact bucket, the device's own or another's of the arch, before any nearest one: a
     # bucket tuned on a sibling GPU says more than a neighbour tuned on this one. An entry
     # whose params no longer render to the code it was measured on is skipped.
@@ -159,6 +158,14 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
             if near:
                 return Choice(near.params, source, near.bucket, cfg.meta["triton"])
     return None
+
+
+def in_order(files, validity) -> tuple[list, list]:
+    """The shipped (device, file) pairs ``files`` as they answer on ``validity``'s device:
+    its own files, then other devices' of the arch, each by Triton version (``by_triton``)."""
+    own = by_triton([cfg for device, cfg in files if device == validity.device], validity.triton)
+    others = by_triton([cfg for device, cfg in files if device != validity.device], validity.triton)
+    return own, others
 
 
 def by_triton(files, installed: str) -> list:

@@ -8,6 +8,7 @@ carries a version row that is upgraded step by step, never silently.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -23,14 +24,13 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from ..paths import user_cache_root
 from .buckets import Bucket
 from .records import (
-    _HASH,
     SCHEMA_VERSION,
     Entry,
     Measurement,
     RecordError,
     Validity,
     bucket_from_key,
-    check_str,
+    check_hash,
     params_from_data,
 )
 
@@ -82,11 +82,11 @@ def _upgrade_1(session: Session) -> None:
     and stamps it with its variant's code digest. A row tuned on today's templates gets
     today's digest; any other keeps its old hash, which no digest matches (stale). Of two
     rows of one bucket, the one tuned on today's templates stays, else the faster."""
+    from ..generator.identity import code_digest
     from ..generator.rendering import template_hash
 
     conn = session.connection()
     conn.exec_driver_sql("ALTER TABLE tuned RENAME TO tuned_v1")
-    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_tuned_key")
     Base.metadata.create_all(conn)
     columns = [c.name for c in TunedRow.__table__.columns if c.name not in ("id", "code", "schema")]
     rows = conn.exec_driver_sql(f"SELECT {', '.join(columns)}, template_hash FROM tuned_v1").fetchall()
@@ -98,8 +98,6 @@ def _upgrade_1(session: Session) -> None:
         try:
             bucket = bucket_from_key(values["bucket"])
             if old_hash == template_hash(bucket.direction):
-                from ..generator.identity import code_digest
-
                 code = code_digest(bucket.kernel_spec(), params_from_data(json.loads(values["params"])))
                 current = True
         except Exception:  # an invalid row moves as it is; reading it later skips it
@@ -141,7 +139,7 @@ def _build_entry(row: TunedRow) -> Entry:
         raise RecordError(f"params: not JSON: {row.params!r:.80}") from None
     return Entry(
         validity=Validity(row.device, row.capability, row.triton, row.schema),
-        code=check_str("code", row.code, _HASH),  # never left empty: Entry would take today's digest
+        code=check_hash("code", row.code),  # required: an empty one would make Entry take today's
         bucket=bucket_from_key(row.bucket),
         params=params_from_data(params),
         measurement=Measurement(row.median_ms, row.p20_ms, row.p80_ms, row.tflops, row.max_error),
@@ -181,12 +179,7 @@ def _row_values(entry: Entry) -> dict:
 
 
 def _scope(validity: Validity) -> dict:
-    return {
-        "device": validity.device,
-        "capability": validity.capability,
-        "triton": validity.triton,
-        "schema": validity.schema,
-    }
+    return dataclasses.asdict(validity)  # the row columns a validity names
 
 
 class TunedDB:

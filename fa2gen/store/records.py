@@ -28,6 +28,11 @@ def check_str(name: str, value, pattern: re.Pattern) -> str:
     return value
 
 
+def check_hash(name: str, value) -> str:
+    """A 16-hex-digit digest (a code digest, a template hash)."""
+    return check_str(name, value, _HASH)
+
+
 def check_number(
     name: str, value, *, minimum: float = 0.0, positive: bool = False, allow_none: bool = False
 ) -> float | None:
@@ -108,7 +113,7 @@ class Entry:
             raise RecordError(f"params for {self.bucket.key}: {why}")
         if self.code == "":
             object.__setattr__(self, "code", code_digest(self.bucket.kernel_spec(), self.params))
-        check_str("code", self.code, _HASH)
+        check_hash("code", self.code)
 
     @property
     def current(self) -> bool:

@@ -18,15 +18,14 @@ import yaml
 from ..generator.arch import ARCHES
 from ..generator.rendering import template_hash
 from .records import (
-    _HASH,
     SCHEMA_VERSION,
     Entry,
     Measurement,
     RecordError,
     Validity,
     bucket_from_key,
+    check_hash,
     check_number,
-    check_str,
     params_from_data,
 )
 
@@ -93,7 +92,7 @@ def _entry(raw, template_hashes: dict | None, header: dict, index: int) -> Entry
     try:
         bucket = bucket_from_key(raw["bucket"])
         if template_hashes is None:
-            code = check_str("code", raw["code"], _HASH)
+            code = check_hash("code", raw["code"])  # required: an empty one would mean today's
         else:
             code = template_hashes.get(bucket.direction)
             if code is None:
@@ -158,7 +157,7 @@ def _parse(text: str) -> ConfigFile:
         hashes = data["template_hash"]
         if not isinstance(hashes, dict) or not hashes:
             raise RecordError("template_hash: expected a mapping of direction to hash")
-        hashes = {_text("template_hash key", k): check_str("template_hash", v, _HASH) for k, v in hashes.items()}
+        hashes = {_text("template_hash key", k): check_hash("template_hash", v) for k, v in hashes.items()}
     meta = {
         "schema": schema,
         "fa2gen": _text("fa2gen", data["fa2gen"]),

@@ -135,14 +135,13 @@ def shipped_params(validity: Validity, bucket: Bucket, arch: str) -> list[Tuning
     Triton version, the device's own and the nearest version first; entries tuned on code
     that has changed since too (their params are still the likeliest point). A study that
     measures them stores nothing slower than what users already get."""
-    from ..runtime.lookup import by_triton
+    from ..runtime.lookup import in_order
     from ..store.shipped import shipped_files
 
-    files = shipped_files(arch)
-    files = by_triton([cfg for device, cfg in files if device == validity.device], validity.triton) + by_triton(
-        [cfg for device, cfg in files if device != validity.device], validity.triton
+    own, others = in_order(shipped_files(arch), validity)
+    entries = sorted(
+        (e for cfg in own + others for e in cfg.entries if e.bucket == bucket), key=lambda e: not e.current
     )
-    entries = sorted((e for cfg in files for e in cfg.entries if e.bucket == bucket), key=lambda e: not e.current)
     return _distinct_params(entries, limit=len(entries))
 
 
