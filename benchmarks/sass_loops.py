@@ -38,7 +38,7 @@ def main() -> None:
         for name, r in analyse(args.direction, args.head_dim, args.mask, params, args.arch, args.dtype).items():
             loops = "  ".join(
                 f"[{x['instructions']} ins, {x['hgmma']} HGMMA, {x['ldl']} LDL, "
-                f"{x['ex2_in_flight']}/{x['ex2']} EX2 under a matmul]"
+                f"{x['ex2_in_flight']}/{x['ex2']} EX2 under a matmul, at most {x['ex2_run']} in a row]"
                 for x in r["loops"]
             )
             warn = "".join(f"  ptxas {loss}" for loss in r["losses"])

@@ -10,6 +10,7 @@ between them, and what each hook below answers:
 | ``tma_load`` / ``tma_store`` (Gluon) | ``tma.async_copy_global_to_shared`` / ``..._shared_to_global`` | same | ``tma.async_load`` / ``async_store`` (old names kept) | new names only |
 | ``tma_add`` (Gluon bulk reduction) | our builtin over the IR builder | same | ``tma.async_atomic_add`` | same |
 | descriptor fields | base, shape, strides, block_shape, [layout], padding | + round_f32_to_tf32 | same | same |
+| ``sums_in_tree()``: how a thread's values of a reduction are added | one chain | same | a tree | same |
 | ``ptxas(arch)`` for sm90 | ``bin/ptxas`` (CUDA 12.8) | same | ``bin/ptxas`` (12.9) | ``bin/ptxas-blackwell`` (13.4): the PTX 3.9 emits is newer than 12.x's ptxas reads |
 
 The rest (launcher caches, allocator, interpreter internals, ahead-of-time sources) has
@@ -56,6 +57,13 @@ def supported(ver: tuple[int, int] | None = None) -> bool:
 
 
 # --- Gluon names the templates import -------------------------------------------------------
+
+
+def sums_in_tree(ver: tuple[int, int] | None = None) -> bool:
+    """Whether Triton ``ver`` (default: the installed) adds a thread's values of a reduction as
+    a tree rather than one chain. From 3.8 it does, and ptxas then issues a softmax block's
+    exponentials back to back: the Gluon forward sums its rows itself there (``chain_sum``)."""
+    return (ver or version()) >= (3, 8)
 
 
 def _gluon_names() -> dict:

@@ -120,8 +120,8 @@ def test_sass_loop_counts():
         /*0060*/                   EXIT ;
 """
     assert mod.loop_stats(listing) == [
-        {"instructions": 3, "hgmma": 1, "ldl": 1, "ex2": 0, "ex2_in_flight": 0},
-        {"instructions": 5, "hgmma": 2, "ldl": 1, "ex2": 0, "ex2_in_flight": 0},
+        {"instructions": 3, "hgmma": 1, "ldl": 1, "ex2": 0, "ex2_in_flight": 0, "ex2_run": 0},
+        {"instructions": 5, "hgmma": 2, "ldl": 1, "ex2": 0, "ex2_in_flight": 0, "ex2_run": 0},
     ]
     span = [
         "HGMMA.64x128x16.F32",
@@ -131,7 +131,7 @@ def test_sass_loop_counts():
         "WARPGROUP.DEPBAR.LE gsb0, 0x0",
         "MUFU.EX2 R4, R4",
     ]
-    assert mod.ex2_in_flight(span) == 2
+    assert mod.ex2_in_flight(span) == 2 and mod.ex2_run(span) == 2
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run(
         [sys.executable, str(path), "--head-dim", "64", "--mask", "none", "64,32,4,2,pointer"],

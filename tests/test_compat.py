@@ -188,6 +188,25 @@ def test_ptxas_reads_the_ptx_this_triton_emits(tmp_path):
     assert os.path.basename(compat.ptxas("sm90")).startswith("ptxas")
 
 
+_SUM = r"""
+import re
+import triton, triton.language as tl
+from fa2gen import compat
+
+@triton.jit
+def total(X, Y, N: tl.constexpr):
+    tl.store(Y, tl.sum(tl.load(X + tl.arange(0, N)), 0))
+
+# one warp, 1024 values: 32 in each thread, added there before the lanes are
+ptx = compat.compile_triton(total, {"X": "*fp32", "Y": "*fp32", "N": "constexpr"}, {"N": 1024}, {}, "sm90",
+                            {"num_warps": 1}).asm["ptx"]
+depth = {}
+for dst, a, b in re.findall(r"add\.f32\s+(%\w+), (%\w+), (%\w+);", ptx):
+    depth[dst] = 1 + max(depth.get(a, 0), depth.get(b, 0))
+print(max(depth.values()))
+"""
+
+
 _FUSE = """
 import triton, triton.language as tl
 from fa2gen import compat
@@ -201,6 +220,20 @@ def fused(X, N: tl.constexpr):
 k = compat.compile_triton(fused, {"X": "*fp32", "N": "constexpr"}, {"N": 128}, {}, "sm90", {"num_warps": 4})
 print(k.metadata.enable_fp_fusion, "fma.rn.f32" in k.asm["ptx"])
 """
+
+
+def test_sums_in_tree_says_how_this_triton_adds_a_threads_values(tmp_path):
+    """The Gluon forward chooses its row sum by compat.sums_in_tree: checked against what the
+    installed Triton emits for a reduction of 32 values a thread (and 32 lanes): one chain is
+    at least 31 adds deep, a tree about 10."""
+    script = tmp_path / "sum.py"
+    script.write_text(_SUM)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    depth = int(r.stdout.split()[-1])
+    assert (depth <= 16) == compat.sums_in_tree(), depth
+    assert compat.sums_in_tree((3, 8)) and compat.sums_in_tree((3, 9)) and not compat.sums_in_tree((3, 7))
 
 
 def test_every_compile_and_launch_asks_for_fused_multiply_adds(tmp_path):

@@ -139,3 +139,26 @@ def test_backward_template_header_lists_knobs():
     head = template_source("bwd").split("import triton")[0]
     for knob in ("mask", "softcap", "pad_head", "OUTER", "INNER", "num_warps", "num_stages"):
         assert knob in head
+
+
+def test_the_gluon_forward_sums_its_rows_in_chains_where_triton_adds_a_tree():
+    """compat.sums_in_tree: from 3.8 Triton adds a reduction's values in a thread as a tree, and
+    the Gluon forward's softmax adds each row itself (_row_sum); 3.6 and 3.7 keep gl.sum. Only
+    that template depends on the version."""
+    gluon = TuningParams(128, 128, 8, 3, "tma_host", gluon=2)
+    for dtype in ("fp16", "bf16", "fp8e4m3"):
+        spec = KernelSpec(dtype=dtype, head_dim=128)
+        older = render(spec, gluon, name="x", triton="3.7.1")
+        newer = render(spec, gluon, name="x", triton="3.8.0")
+        assert "_row_sum(p)" not in older and "+ gl.sum(p, 1)" in older
+        assert "_row_sum(p)" in newer and "def _chain(" in newer and "+ gl.sum(p, 1)" not in newer
+        assert render(spec, gluon, name="x", triton="3.9.0") == newer
+        assert render(spec, gluon, name="x", triton="3.6.0") == older
+        ast.parse(newer)
+    others = [
+        (KernelSpec(dtype="bf16", head_dim=128), TuningParams(128, 64, 4, 2, "tma_host")),
+        (KernelSpec(direction="bwd", dtype="bf16", head_dim=128), TuningParams(64, 64, 4, 2, "tma_host", gluon=1)),
+        (KernelSpec(direction="bwd", dtype="bf16", head_dim=64), TuningParams(64, 64, 4, 2, "tma_host")),
+    ]
+    for spec, params in others:
+        assert render(spec, params, name="x", triton="3.6.0") == render(spec, params, name="x", triton="3.9.0")

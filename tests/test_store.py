@@ -371,3 +371,20 @@ def test_schema_1_files_read_as_current_or_stale_by_their_template_hash():
     doc["entries"][0]["code"] = entry().code  # schema 1 has no per-entry code
     with pytest.raises(RecordError, match="unknown keys"):
         parse(yaml.safe_dump(doc))
+
+
+def test_an_entry_is_judged_by_the_code_its_own_triton_renders():
+    """The Gluon forward sums rows in chains from Triton 3.8 on (compat.sums_in_tree): an
+    entry tuned under 3.6 stays valid beside one tuned under 3.9, each against the code its
+    own version renders, and a digest claimed for the wrong version is stale."""
+    from dataclasses import replace
+
+    gluon = TuningParams(128, 128, 8, 3, "tma_host", gluon=2)
+    bucket = Bucket.parse("fwd/bf16/d128/none/sc0/g1/q4096/k4096/bh64")
+    old = entry(params=gluon, bucket=bucket)
+    new = entry(params=gluon, bucket=bucket, validity=replace(VALID, triton="3.9.0"))
+    assert old.current and new.current and old.code != new.code
+    assert not replace(old, code=new.code).current and not replace(new, code=old.code).current
+    # where no template differs between versions, neither does the digest
+    plain = entry(bucket=bucket, params=TuningParams(128, 64, 4, 2, "tma_host"))
+    assert plain.code == entry(bucket=bucket, params=plain.params, validity=replace(VALID, triton="3.9.0")).code

@@ -115,11 +115,13 @@ def normalised(source: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def code_digest(spec: KernelSpec, params: TuningParams) -> str:
-    """Digest of the code ``params`` render to for ``spec``: every module the variant runs,
-    normalised. The name the modules carry is left out (it holds the Triton version)."""
+def code_digest(spec: KernelSpec, params: TuningParams, triton: str | None = None) -> str:
+    """Digest of the code ``params`` render to for ``spec`` under Triton ``triton`` (default: the
+    installed): every module the variant runs, normalised. The name the modules carry is left
+    out (it holds the Triton version). An entry is judged by the code of the version it was
+    tuned under, so a version-specific form does not stale other versions' entries."""
     h = hashlib.sha256()
     for p in modules_of(spec, params):
-        h.update(normalised(render(spec, p, name="variant")).encode())
+        h.update(normalised(render(spec, p, name="variant", triton=triton)).encode())
         h.update(b"\0")
     return h.hexdigest()[:16]

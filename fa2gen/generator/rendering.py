@@ -8,6 +8,7 @@ from importlib import resources
 
 import jinja2
 
+from .. import compat
 from .spec import KernelSpec, SpecError, TuningParams, gluon_overlap, gluon_wide, unsupported
 
 # Each direction's Triton template, and the forward's Gluon one (TuningParams.gluon > 0).
@@ -53,14 +54,17 @@ def template_hash(direction: str) -> str:
     return hashlib.sha256("".join(sources).encode()).hexdigest()[:16]
 
 
-def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
-    """Triton module source for one variant. Inputs are validated dataclasses."""
+def render(spec: KernelSpec, params: TuningParams, *, name: str, triton: str | None = None) -> str:
+    """Triton module source for one variant, as Triton ``triton`` (a version string; default:
+    the installed one) is to compile it. Inputs are validated dataclasses."""
     if not isinstance(spec, KernelSpec) or not isinstance(params, TuningParams):
         raise TypeError("render() takes a KernelSpec and a TuningParams")
     why = unsupported(spec, params)
     if why:
         raise SpecError(why)
     template = _environment().get_template(template_file(spec, params))
+    gluon_fwd = spec.direction == "fwd" and params.gluon > 0
+    ver = compat.parse_version(triton) if triton is not None else None
     return template.render(
         name=name,
         spec_repr=repr(spec.to_dict()),  # validated scalars only: a safe Python literal
@@ -80,4 +84,6 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str) -> str:
         # shared-memory estimate and the tests alike
         overlap=gluon_overlap(spec, params),
         wide=gluon_wide(spec, params),
+        # the Gluon forward adds its rows' exponentials itself where Triton would add them as a tree
+        chain_sum=gluon_fwd and compat.sums_in_tree(ver),
     )

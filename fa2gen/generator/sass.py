@@ -1,11 +1,12 @@
 """Instructions per loop of compiled kernels, from their SASS, without a GPU.
 
 For every loop that holds tensor-core instructions (HGMMA; QGMMA in fp8): its instructions,
-its matmuls, its local-memory loads (spilled registers read back) and its exponentials, all of
-them and those issued while a matmul is still in flight. Loops nest: an outer loop's count
-includes its inner loops. A shorter loop for the same matmuls is less non-matmul work per
-FLOP; whether that is faster is for the GPU to say. ``benchmarks/sass_loops.py`` prints it
-for chosen variants; the tests check the shipped forms' loops with it.
+its matmuls, its local-memory loads (spilled registers read back) and its exponentials: all of
+them, those issued while a matmul is still in flight, and the longest run issued back to back.
+Loops nest: an outer loop's count includes its inner loops. A shorter loop for the same
+matmuls is less non-matmul work per FLOP; whether that is faster is for the GPU to say.
+``benchmarks/sass_loops.py`` prints it for chosen variants; the tests check the shipped forms'
+loops with it.
 """
 
 from __future__ import annotations
@@ -46,9 +47,20 @@ def loop_stats(sass: str) -> list[dict]:
                         "ldl": sum("LDL" in x for x in span),
                         "ex2": sum("MUFU.EX2" in x for x in span),
                         "ex2_in_flight": ex2_in_flight(span),
+                        "ex2_run": ex2_run(span),
                     }
                 )
     return loops
+
+
+def ex2_run(span: list[str]) -> int:
+    """The most exponentials issued back to back. A long run fills the queue that the
+    tensor-core instructions issue through too (see the Gluon forward's ``_row_sum``)."""
+    longest = run = 0
+    for ins in span:
+        run = run + 1 if "MUFU.EX2" in ins else 0
+        longest = max(longest, run)
+    return longest
 
 
 def ex2_in_flight(span: list[str]) -> int:

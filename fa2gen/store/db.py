@@ -98,7 +98,8 @@ def _upgrade_1(session: Session) -> None:
         try:
             bucket = bucket_from_key(values["bucket"])
             if old_hash == template_hash(bucket.direction):
-                code = code_digest(bucket.kernel_spec(), params_from_data(json.loads(values["params"])))
+                params = params_from_data(json.loads(values["params"]))
+                code = code_digest(bucket.kernel_spec(), params, values["triton"])
                 current = True
         except Exception:  # an invalid row moves as it is; reading it later skips it
             pass

@@ -112,14 +112,19 @@ class Entry:
         if why:
             raise RecordError(f"params for {self.bucket.key}: {why}")
         if self.code == "":
-            object.__setattr__(self, "code", code_digest(self.bucket.kernel_spec(), self.params))
+            object.__setattr__(self, "code", self._digest())
         check_hash("code", self.code)
+
+    def _digest(self) -> str:
+        # the code the params render to under the Triton version the entry was tuned under
+        return code_digest(self.bucket.kernel_spec(), self.params, self.validity.triton)
 
     @property
     def current(self) -> bool:
-        """Whether the params still render to the code they were measured on: a comment edit
-        in a template keeps an entry valid, a change to what its variant computes does not."""
-        return self.code == code_digest(self.bucket.kernel_spec(), self.params)
+        """Whether the params still render to the code they were measured on (under the Triton
+        version they were measured under): a comment edit in a template keeps an entry valid,
+        a change to what its variant computes does not."""
+        return self.code == self._digest()
 
     @property
     def speedup(self) -> float | None:
