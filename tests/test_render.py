@@ -162,3 +162,35 @@ def test_the_gluon_forward_sums_its_rows_in_chains_where_triton_adds_a_tree():
     ]
     for spec, params in others:
         assert render(spec, params, name="x", triton="3.6.0") == render(spec, params, name="x", triton="3.9.0")
+
+
+def test_each_descriptor_gives_its_template_exactly_the_variables_it_reads():
+    """A template reads only what its descriptor declares, and the descriptor declares nothing
+    its template does not read: the descriptor is the template's whole contract."""
+    import jinja2.meta
+
+    from fa2gen.generator import rendering
+    from fa2gen.generator.descriptors import TEMPLATES, template_of
+
+    points = {
+        ("fwd", 0): (KernelSpec(dtype="bf16", head_dim=72, mask="local", softcap=True), TuningParams()),
+        ("fwd", 1): (KernelSpec(dtype="fp16", head_dim=64), TuningParams(64, 64, 4, 3, "tma_host", gluon=1)),
+        ("fwd", 2): (KernelSpec(dtype="fp8e4m3", head_dim=128), TuningParams(128, 128, 8, 3, "tma_host", gluon=2)),
+        ("bwd", 0): (KernelSpec(direction="bwd", dtype="fp16", head_dim=64), TuningParams()),
+        ("bwd", 1): (
+            KernelSpec(direction="bwd", dtype="bf16", head_dim=128),
+            TuningParams(64, 64, 4, 2, "tma_host", gluon=1),
+        ),
+        ("bwd", 2): (
+            KernelSpec(direction="bwd", dtype="bf16", head_dim=64),
+            TuningParams(64, 64, 4, 2, "tma_host", gluon=2),
+        ),
+    }
+    assert {(t.direction, g) for t in TEMPLATES for g in t.gluon} == set(points)
+    env = rendering._environment()
+    for (direction, gluon), (spec, params) in points.items():
+        descriptor = template_of(spec, params)
+        assert (descriptor.direction, params.gluon) == (direction, gluon) and gluon in descriptor.gluon
+        reads = jinja2.meta.find_undeclared_variables(env.parse(rendering._file_source(descriptor.file)))
+        assert set(descriptor.variables(spec, params, "x")) == reads, descriptor.file
+    assert set(rendering.TEMPLATES.values()) | set(rendering.GLUON_TEMPLATES.values()) == {t.file for t in TEMPLATES}

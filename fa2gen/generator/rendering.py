@@ -9,15 +9,17 @@ from importlib import resources
 import jinja2
 
 from .. import compat
-from .spec import KernelSpec, SpecError, TuningParams, gluon_overlap, gluon_wide, unsupported
+from .descriptors import direction_templates, template_of
+from .spec import KernelSpec, SpecError, TuningParams, unsupported
 
-# Each direction's Triton template, and the forward's Gluon one (TuningParams.gluon > 0).
-TEMPLATES = {"fwd": "attn_fwd.py.jinja", "bwd": "attn_bwd.py.jinja"}
-GLUON_TEMPLATES = {"fwd": "attn_fwd_gluon.py.jinja", "bwd": "attn_bwd_gluon.py.jinja"}
+# Each direction's Triton template, and its Gluon one (TuningParams.gluon > 0): the files of
+# the descriptors' templates.
+TEMPLATES = {d: direction_templates(d)[0].file for d in ("fwd", "bwd")}
+GLUON_TEMPLATES = {d: direction_templates(d)[1].file for d in ("fwd", "bwd")}
 GLUON_TEMPLATE = GLUON_TEMPLATES["fwd"]
 # The other templates a direction renders from. A tuned entry chose among all of its
 # direction's templates, so the direction's hash covers them all.
-EXTRA_TEMPLATES = {"fwd": (GLUON_TEMPLATES["fwd"],), "bwd": (GLUON_TEMPLATES["bwd"],)}
+EXTRA_TEMPLATES = {d: tuple(t.file for t in direction_templates(d)[1:]) for d in ("fwd", "bwd")}
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,7 +45,7 @@ def template_source(direction: str) -> str:
 
 
 def template_file(spec: KernelSpec, params: TuningParams) -> str:
-    return GLUON_TEMPLATES[spec.direction] if params.gluon else TEMPLATES[spec.direction]
+    return template_of(spec, params).file
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,28 +64,6 @@ def render(spec: KernelSpec, params: TuningParams, *, name: str, triton: str | N
     why = unsupported(spec, params)
     if why:
         raise SpecError(why)
-    template = _environment().get_template(template_file(spec, params))
-    gluon_fwd = spec.direction == "fwd" and params.gluon > 0
+    descriptor = template_of(spec, params)
     ver = compat.parse_version(triton) if triton is not None else None
-    return template.render(
-        name=name,
-        spec_repr=repr(spec.to_dict()),  # validated scalars only: a safe Python literal
-        spec=spec,
-        params=params,
-        head_dim=spec.head_dim,
-        head_dim_padded=spec.head_dim_padded,
-        pad_head=spec.head_dim != spec.head_dim_padded,
-        fp8=spec.fp8,
-        persistent=params.persistent,
-        mask=spec.mask,
-        softcap=spec.softcap,
-        loads=params.loads,
-        dq_atomic=params.dq_mode in ("atomic", "tma_reduce"),
-        dq_mode=params.dq_mode,
-        # the Gluon forward's derived forms, decided once in spec.py for the template, the
-        # shared-memory estimate and the tests alike
-        overlap=gluon_overlap(spec, params),
-        wide=gluon_wide(spec, params),
-        # the Gluon forward adds its rows' exponentials itself where Triton would add them as a tree
-        chain_sum=gluon_fwd and compat.sums_in_tree(ver),
-    )
+    return _environment().get_template(descriptor.file).render(**descriptor.variables(spec, params, name, ver))
