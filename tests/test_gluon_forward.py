@@ -12,10 +12,11 @@ import torch
 from helpers import compiled_child, gluon_cases, hopper
 
 from fa2gen.generator import rendering
-from fa2gen.generator.arch import fits, gluon_k_stages
+from fa2gen.generator.arch import fits
+from fa2gen.generator.descriptors.attn_fwd_gluon import gluon_k_stages, gluon_overlap
 from fa2gen.generator.identity import Variant
 from fa2gen.generator.rendering import render, template_hash
-from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, gluon_overlap, param_space, unsupported
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
 from fa2gen.store.buckets import Bucket
 from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES, gluon_candidates, prune_reason, space_for
 
@@ -203,7 +204,8 @@ _CHILD = textwrap.dedent(r"""
     import json, subprocess, sys, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool, performance_losses, spill_bytes
     from fa2gen.generator.arch import smem_estimate
-    from fa2gen.generator.spec import KernelSpec, gluon_overlap, gluon_wide, unsupported
+    from fa2gen.generator.descriptors.attn_fwd_gluon import gluon_overlap, gluon_wide
+    from fa2gen.generator.spec import KernelSpec, unsupported
     from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
     import re
     from fa2gen.generator import sass as sass_loops  # its count of exponentials under a wgmma in flight

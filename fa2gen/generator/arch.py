@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import TMA_LOADS, KernelSpec, TuningParams, gluon_overlap
+from .descriptors import template_of
+from .spec import TMA_LOADS, KernelSpec, TuningParams
 
 
 @dataclass(frozen=True)
@@ -41,47 +42,10 @@ def arch_from_capability(major: int, minor: int) -> str:
     return name
 
 
-def gluon_k_stages(spec: KernelSpec, params: TuningParams) -> int:
-    """K's ring depth in the Gluon forward: one slot fewer than V's with the overlapped softmax,
-    whose K slots go back a step before V's, else num_stages."""
-    return params.num_stages - 1 if gluon_overlap(spec, params) else params.num_stages
-
-
 def smem_estimate(spec: KernelSpec, params: TuningParams) -> int:
-    """Shared memory a variant needs, in bytes (an estimate for pruning).
-
-    Forward: Q stays resident (two slots in a persistent Gluon program); K and V are buffered
-    ``num_stages`` deep (K one slot less in the Gluon forms with the overlapped softmax); on the
-    pointer path the probability tile P is staged through shared memory for the second dot.
-    Backward (both kernels): two resident tiles of the owned rows (K and V, or Q and
-    dO), two streamed tiles buffered ``num_stages`` deep, and the P and dS tiles; with
-    ``dq_mode="tma_reduce"`` also the fp32 dQ tile staged for its bulk reduction, with
-    ``dq_mode="matmul"`` two dS tiles staged for their stores. The Gluon one pass
-    (``dq_mode="atomic"``, gluon=1) also holds two dS^T tiles of all its keys for its dQ
-    matmul and an fp32 scratch tile of dQ for the adds.
-    """
-    elt = spec.element_bytes
-    dp = spec.head_dim_padded
-    stages = max(1, params.num_stages)
-    if spec.direction == "bwd":
-        resident = 2 * params.block_m * dp * elt
-        streamed = 2 * stages * params.block_n * dp * elt
-        if params.gluon:  # the Gluon dK/dV kernel keeps P and dS in registers (dq_mode matmul:
-            # and stages dS for its store, two tiles deep; the one pass shares it, two deep)
-            staged_ds = 2 * params.block_m * params.block_n * elt if params.dq_mode in ("matmul", "atomic") else 0
-            scratch = params.block_n * dp * 4 if params.dq_mode == "atomic" else 0
-            return resident + streamed + staged_ds + scratch
-        staged_dq = params.block_n * dp * 4 if params.dq_mode == "tma_reduce" else 0
-        return resident + streamed + 2 * params.block_m * params.block_n * elt + staged_dq
-    q = params.block_m * dp * elt
-    k_stages = gluon_k_stages(spec, params) if params.gluon else stages
-    kv = (k_stages + stages) * params.block_n * dp * elt
-    p = params.block_m * params.block_n * elt if params.loads == "pointer" else 0
-    if params.gluon and params.persistent:
-        q *= 2  # two Q slots: the next tile's Q lands while this tile runs
-    # the Gluon forward's own O buffer for fp8 (bf16, twice Q's size); 16-bit O goes through Q's
-    o = params.block_m * dp * 2 if params.gluon and spec.fp8 else 0
-    return q + kv + p + o
+    """Shared memory a variant needs, in bytes (an estimate for pruning): its template's count
+    (``descriptors``: the Q, K and V tiles, rings and staged tiles each template holds)."""
+    return template_of(spec, params).smem(spec, params)
 
 
 def fits(spec: KernelSpec, params: TuningParams, arch: str) -> str | None:

@@ -204,112 +204,11 @@ def _from_dict(cls, data: Mapping[str, Any]):
 
 
 def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
-    """Why ``params`` cannot render for ``spec`` at all (on any arch), or None."""
-    if spec.direction == "bwd" and params.loads == "tma_device":
-        return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
-    if spec.direction == "fwd" and params.dq_mode != "separate":
-        return "dq_mode is a backward knob; the forward takes the default 'separate'"
-    if spec.direction == "bwd" and params.persistent:
-        return "persistent is a forward knob; the backward takes the default 0"
-    if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
-        return (
-            "persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "
-            "gives three programs an SM's registers"
-        )
-    if params.dq_mode == "matmul" and (spec.direction != "bwd" or params.gluon != 1):
-        return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
-    if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
-        return "dq_mode tma_reduce adds through a host tensor descriptor: it needs loads=tma_host"
-    # fp8 tensor-core matmuls reduce over at least 32 elements: keys in P @ V, the head in Q @ K^T
-    if spec.fp8 and params.block_n < 32:
-        return "fp8 needs block_n >= 32 (its P @ V matmul reduces over 32 keys at a time)"
-    if spec.fp8 and spec.head_dim_padded < 32:
-        return "fp8 needs head_dim > 16 (its Q @ K^T matmul reduces over 32 columns at a time)"
-    if params.gluon:
-        return _gluon_unsupported(spec, params)
-    return None
+    """Why ``params`` cannot render for ``spec`` at all (on any arch), or None: the rules of the
+    template that would render it (``descriptors``)."""
+    from .descriptors import template_of  # the descriptors build on this module
 
-
-def _gluon_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
-    if spec.direction == "bwd":
-        return _gluon_bwd_unsupported(spec, params)
-    if spec.mask not in ("none", "causal") or spec.softcap:
-        return "the Gluon forward takes no mask or a causal one, without softcap"
-    if spec.head_dim not in GLUON_HEAD_DIMS:
-        return f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-    if params.loads != "tma_host":
-        return "the Gluon forward reads through host descriptors: loads=tma_host"
-    if params.block_m not in GLUON_TILES or (params.block_n not in GLUON_TILES and not gluon_wide(spec, params)):
-        return f"the Gluon forward's tiles are {GLUON_TILES} rows (fp8 with two partitions: also 256 keys a step)"
-    if params.gluon == 2 and params.block_m != 128:
-        return "gluon=2 splits block_m=128 into two 64-row warp groups"
-    if params.num_warps != params.block_m // 16:
-        return "the Gluon forward runs block_m // 16 compute warps (16 query rows each)"
-    if params.num_stages < 2:
-        return "the Gluon forward's K/V ring needs num_stages >= 2"
-    # At D=128 ptxas cannot fit fp8's wgmma in the 80 registers of a three-program launch,
-    # and 16-bit Q, K and V leave shared memory for two programs an SM at most
-    if params.persistent == 3 and spec.head_dim != 64:
-        return "three Gluon programs an SM (persistent=3) run at head dim 64 only"
-    return None
-
-
-def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
-    """Whether the Gluon forward runs each block's softmax under the previous block's P @ V
-    (the template's ``overlap``): two partitions on 128 x 128 tiles, three stages or more,
-    16-bit. Only where it measured faster on the H200 (4-6.5%): V's slot goes back a step
-    later, which a two-stage ring cannot spare (4-8% slower there); on 128 x 64 tiles with
-    three stages it ran 0.97-1.02x, in fp8 slower with either."""
-    return (
-        spec.direction == "fwd"
-        and params.gluon == 2
-        and params.block_m == 128
-        and params.block_n == 128
-        and params.num_stages >= 3
-        and not spec.fp8
-    )
-
-
-def gluon_wide(spec: KernelSpec, params: TuningParams) -> bool:
-    """Whether the Gluon forward takes fp8's 256-key steps (the template's ``wide``), on two
-    64-row partitions: each step's fixed costs are spread over twice the keys. 64 x 256 scores
-    take 128 registers a thread, so P @ V and the next scores' matmul take turns (with both in
-    flight the registers spilled)."""
-    return spec.direction == "fwd" and spec.fp8 and params.block_n == 256 and params.gluon == 2
-
-
-GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
-
-
-def _gluon_bwd_unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
-    if params.gluon not in (1, 2):
-        return "the backward's Gluon kernels: gluon=1 (dK/dV) or gluon=2 (dK/dV and dQ)"
-    if spec.mask not in ("none", "causal") or spec.softcap:
-        return "the Gluon backward kernels take no mask or a causal one, without softcap"
-    if spec.head_dim not in GLUON_HEAD_DIMS:
-        return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-    if params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul", "atomic"):
-        return (
-            "the Gluon backward kernels read through host descriptors, dQ in its own kernel, by a matmul or "
-            "added from the dK/dV kernel: loads=tma_host, dq_mode=separate, matmul or atomic"
-        )
-    if params.dq_mode == "atomic" and params.gluon != 1:
-        return "dq_mode atomic adds dQ from the Gluon dK/dV kernel: it needs gluon=1"
-    if params.dq_mode == "atomic" and (params.block_m != 128 or params.block_n != 64):
-        return (
-            "dq_mode atomic's Gluon kernel takes 128 keys a program (two 64-key compute partitions) and 64 "
-            "queries a step (the rows of its worker's dQ matmul, one warp group's wgmma)"
-        )
-    if params.block_m not in GLUON_TILES or params.block_n not in GLUON_BWD_STEPS:
-        return (
-            f"the Gluon backward kernels own {GLUON_TILES} rows and take {GLUON_BWD_STEPS} steps "
-            "(dK/dV: keys, queries; dQ: queries, keys)"
-        )
-    if params.num_warps != params.block_m // 16:
-        return "the Gluon backward kernels run block_m // 16 warps (16 keys each in dK/dV, 16 queries in dQ)"
-    if params.num_stages < 2:
-        return "the Gluon backward kernels' rings need num_stages >= 2"
-    return None
+    return template_of(spec, params).unsupported(spec, params)
 
 
 def triton_part(params: TuningParams) -> TuningParams:

@@ -1,6 +1,7 @@
 """One descriptor per template: each owns its template's contract in Python (the variants it
-renders, its rules and its Jinja variables). The rest of fa2gen asks the descriptor of a
-variant's template (``template_of``) rather than knowing about templates itself."""
+renders, the rules for which specs and params it renders, its Jinja variables and its shared
+memory). spec.unsupported, rendering and arch.smem_estimate ask the descriptor of a variant's
+template (``template_of``) rather than knowing the templates themselves."""
 
 from __future__ import annotations
 

@@ -3,12 +3,11 @@ and dQ passes (``spec.triton_part``)."""
 
 from __future__ import annotations
 
-from .base import Template
+from .base import BackwardTemplate
 
 
-class AttnBwd(Template):
+class AttnBwd(BackwardTemplate):
     file = "attn_bwd.py.jinja"
-    direction = "bwd"
     gluon = (0,)
 
     def flags(self, spec, params, triton):
@@ -20,3 +19,11 @@ class AttnBwd(Template):
             "pad_head": spec.head_dim != spec.head_dim_padded,
             "softcap": spec.softcap,
         }
+
+    def smem(self, spec, params):
+        # the P and dS tiles; with dq_mode tma_reduce also the fp32 dQ tile staged for its bulk
+        # reduction
+        staged_dq = params.block_n * spec.head_dim_padded * 4 if params.dq_mode == "tma_reduce" else 0
+        return (
+            self.owned_and_streamed(spec, params) + 2 * params.block_m * params.block_n * spec.element_bytes + staged_dq
+        )

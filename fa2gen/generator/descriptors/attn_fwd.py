@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from .base import Template
+from .base import ForwardTemplate
 
 
-class AttnFwd(Template):
+class AttnFwd(ForwardTemplate):
     file = "attn_fwd.py.jinja"
-    direction = "fwd"
     gluon = (0,)
 
     def flags(self, spec, params, triton):
@@ -19,3 +18,9 @@ class AttnFwd(Template):
             "persistent": params.persistent,
             "softcap": spec.softcap,
         }
+
+    def smem(self, spec, params):
+        # Q, then K and V num_stages deep; on the pointer path P is staged for the second dot
+        stages = max(1, params.num_stages)
+        p = params.block_m * params.block_n * spec.element_bytes if params.loads == "pointer" else 0
+        return self.tile_bytes(spec, params.block_m) + 2 * stages * self.tile_bytes(spec, params.block_n) + p

@@ -9,8 +9,8 @@ from ..spec import KernelSpec, TuningParams
 
 class Template:
     """One Jinja template: the variants it renders (its direction and ``TuningParams.gluon``
-    values), the rules on top of the common ones that say which specs and params it renders,
-    and the Jinja variables it reads and how they derive from the spec and params.
+    values), the rules that say which specs and params it renders, the Jinja variables it
+    reads and how they derive from the spec and params, and the shared memory a variant holds.
 
     ``triton`` is the (major, minor) of the Triton the code is for (None: the installed); a
     template's text may differ by version only through a flag here."""
@@ -31,5 +31,60 @@ class Template:
         return {"name": name, "spec_repr": repr(spec.to_dict()), "params": params, **self.flags(spec, params, triton)}
 
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
-        """Why the template cannot render ``params`` for ``spec``, beyond the common rules."""
+        """Why the template cannot render ``params`` for ``spec``, or None."""
+        return None
+
+    def smem(self, spec: KernelSpec, params: TuningParams) -> int:
+        """Shared memory a variant holds, in bytes (an estimate for pruning)."""
+        raise NotImplementedError(f"{type(self).__name__} does not estimate its shared memory")
+
+
+class ForwardTemplate(Template):
+    """The rules every forward template shares: the backward's knob at its default, the three
+    programs an SM only where the Gluon forward runs them, and fp8's matmul shapes. Q stays
+    resident in shared memory; K and V stream through it ``num_stages`` deep."""
+
+    direction = "fwd"
+
+    @staticmethod
+    def tile_bytes(spec: KernelSpec, rows: int) -> int:
+        return rows * spec.head_dim_padded * spec.element_bytes
+
+    def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
+        if params.dq_mode != "separate":
+            return "dq_mode is a backward knob; the forward takes the default 'separate'"
+        if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
+            return (
+                "persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "
+                "gives three programs an SM's registers"
+            )
+        # fp8 tensor-core matmuls reduce over at least 32 elements: keys in P @ V, the head in Q @ K^T
+        if spec.fp8 and params.block_n < 32:
+            return "fp8 needs block_n >= 32 (its P @ V matmul reduces over 32 keys at a time)"
+        if spec.fp8 and spec.head_dim_padded < 32:
+            return "fp8 needs head_dim > 16 (its Q @ K^T matmul reduces over 32 columns at a time)"
+        return None
+
+
+class BackwardTemplate(Template):
+    """The rules every backward template shares: no in-kernel descriptors, the forward's knob
+    at its default, and the dQ modes' needs. Both of its matmul kernels keep two tiles of the
+    rows they own resident (K and V, or Q and dO) and stream two tiles ``num_stages`` deep."""
+
+    direction = "bwd"
+
+    @staticmethod
+    def owned_and_streamed(spec: KernelSpec, params: TuningParams) -> int:
+        dp, elt = spec.head_dim_padded, spec.element_bytes
+        return 2 * params.block_m * dp * elt + 2 * max(1, params.num_stages) * params.block_n * dp * elt
+
+    def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
+        if params.loads == "tma_device":
+            return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
+        if params.persistent:
+            return "persistent is a forward knob; the backward takes the default 0"
+        if params.dq_mode == "matmul" and params.gluon != 1:
+            return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
+        if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
+            return "dq_mode tma_reduce adds through a host tensor descriptor: it needs loads=tma_host"
         return None
