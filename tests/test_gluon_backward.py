@@ -11,10 +11,11 @@ import torch
 from helpers import compiled_child, gluon_cases
 
 from fa2gen.generator import rendering
+from fa2gen.generator.descriptors.attn_bwd_gluon import GLUON_BWD_CANDIDATES
 from fa2gen.generator.rendering import render, template_hash
 from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
 from fa2gen.store.buckets import Bucket
-from fa2gen.tuner.space import GLUON_BWD_CANDIDATES, gluon_candidates, space_for
+from fa2gen.tuner.space import gluon_candidates, space_for
 
 BWD = KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")
 G64 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1)
@@ -188,7 +189,7 @@ _SASS_CHILD = textwrap.dedent(r"""
     import json, re, subprocess, tempfile
     from fa2gen.generator.ahead import assemble, compiled_kernels, nvidia_tool
     from fa2gen.generator.spec import KernelSpec
-    from fa2gen.tuner.space import GLUON_BWD_CANDIDATES
+    from fa2gen.generator.descriptors.attn_bwd_gluon import GLUON_BWD_CANDIDATES
     out = {}
     spec = KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")
     params = [p for p in GLUON_BWD_CANDIDATES if p.gluon == 2][0]

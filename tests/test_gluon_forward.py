@@ -13,12 +13,17 @@ from helpers import compiled_child, gluon_cases, hopper
 
 from fa2gen.generator import rendering
 from fa2gen.generator.arch import fits
-from fa2gen.generator.descriptors.attn_fwd_gluon import gluon_k_stages, gluon_overlap
+from fa2gen.generator.descriptors.attn_fwd_gluon import (
+    GLUON_CANDIDATES,
+    GLUON_FP8_CANDIDATES,
+    gluon_k_stages,
+    gluon_overlap,
+)
 from fa2gen.generator.identity import Variant
 from fa2gen.generator.rendering import render, template_hash
 from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
 from fa2gen.store.buckets import Bucket
-from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES, gluon_candidates, prune_reason, space_for
+from fa2gen.tuner.space import gluon_candidates, prune_reason, space_for
 
 WS2 = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2)
 WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1)
@@ -206,7 +211,7 @@ _CHILD = textwrap.dedent(r"""
     from fa2gen.generator.arch import smem_estimate
     from fa2gen.generator.descriptors.attn_fwd_gluon import gluon_overlap, gluon_wide
     from fa2gen.generator.spec import KernelSpec, unsupported
-    from fa2gen.tuner.space import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
+    from fa2gen.generator.descriptors.attn_fwd_gluon import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
     import re
     from fa2gen.generator import sass as sass_loops  # its count of exponentials under a wgmma in flight
     out = []

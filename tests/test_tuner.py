@@ -13,6 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from fa2gen.generator.descriptors.attn_bwd_gluon import GLUON_BWD_CANDIDATES
 from fa2gen.generator.rendering import template_hash
 from fa2gen.generator.spec import KernelSpec, TuningParams
 from fa2gen.runtime.defaults import bucket_default
@@ -22,7 +23,7 @@ from fa2gen.store.records import Validity
 from fa2gen.tuner.evaluate import CostModelEvaluator, representative_problem
 from fa2gen.tuner.grid import GridError, buckets_from_grid, default_buckets
 from fa2gen.tuner.run import TuneOptions, open_storage, tune
-from fa2gen.tuner.space import GLUON_BWD_CANDIDATES, SPACES, local_moves, prune_reason, space_for
+from fa2gen.tuner.space import SPACES, local_moves, prune_reason, space_for
 
 HERE = Path(__file__).parent
 OPTIMUM = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_device")
@@ -803,8 +804,9 @@ def test_static_prunes_do_not_spend_the_budget(tmp_path):
 def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     """After a template change the bucket's old winner is measured first, and every sm90
     forward study measures the Gluon candidates its bucket can run."""
+    from fa2gen.generator.descriptors.attn_fwd_gluon import GLUON_CANDIDATES
     from fa2gen.store.records import Entry, Measurement
-    from fa2gen.tuner.space import GLUON_CANDIDATES, gluon_candidates
+    from fa2gen.tuner.space import gluon_candidates
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     old = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=4, loads="pointer")

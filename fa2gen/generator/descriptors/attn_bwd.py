@@ -27,3 +27,12 @@ class AttnBwd(BackwardTemplate):
         return (
             self.owned_and_streamed(spec, params) + 2 * params.block_m * params.block_n * spec.element_bytes + staged_dq
         )
+
+    def prune(self, arch, spec, params):
+        # The Triton dK/dV kernel's dQ atomics lost every bucket of the H200 re-tune
+        # (tuner.space.BWD_SPACES): on sm90 dq_mode atomic is the Gluon one pass only.
+        if arch == "sm90" and params.dq_mode == "atomic":
+            return (
+                "dq_mode atomic on sm90 is the Gluon one pass (gluon=1); the Triton kernel's atomics lost every bucket"
+            )
+        return None

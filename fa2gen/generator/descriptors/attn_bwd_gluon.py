@@ -3,10 +3,32 @@ matmul); its delta and dQ passes come from attn_bwd.py.jinja (``spec.triton_part
 
 from __future__ import annotations
 
-from ..spec import GLUON_HEAD_DIMS, GLUON_TILES
+from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, TuningParams
 from .base import BackwardTemplate
 
 GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
+
+
+# The backward's Gluon kernels. gluon=1, the dK/dV kernel (delta and dQ stay Triton's, with
+# the same tiles, but for dq_mode matmul's and the one pass's dQ): on the H200 64 keys a
+# program and 64 queries a step ran 1.27x fa2gen's dK/dV kernel, the best of five forms, and
+# won every D=128 bucket of the re-tune; 128 x 32 is the Triton dQ kernel's own favourite
+# tile at D=128 (the shipped backward defaults). gluon=2 adds the Gluon dQ kernel on the same
+# tiles: 64 x 64 with two stages, and 128 x 32 with three (its dQ kernel prefetches
+# num_stages - 1 key blocks; 64 x 64 with three spills in the dK/dV kernel at D=128 causal).
+# dq_mode matmul on 64 x 64 tiles, which ran D=128 non-causal backwards 1.06-1.14x faster than
+# the shipped ones on the H200, and on 64 x 32 with three stages; on 128 x 32 it lost to both
+# (0.80-0.87x the shipped). dq_mode atomic, the one pass, on 128 keys and 64 queries a step
+# (the only tile it takes; 128 x 32 steps ran it 1.2x slower).
+GLUON_BWD_CANDIDATES = (
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=1),
+    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=2, loads="tma_host", gluon=1),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=32, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host", dq_mode="matmul", gluon=1),
+    TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host", dq_mode="matmul", gluon=1),
+    TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host", dq_mode="atomic", gluon=1),
+)
 
 
 class AttnBwdGluon(BackwardTemplate):
@@ -56,3 +78,21 @@ class AttnBwdGluon(BackwardTemplate):
         )
         scratch = params.block_n * spec.head_dim_padded * 4 if params.dq_mode == "atomic" else 0
         return self.owned_and_streamed(spec, params) + staged_ds + scratch
+
+    def candidates(self, spec):
+        return GLUON_BWD_CANDIDATES
+
+    def prune(self, arch, spec, params):
+        # The one pass at D=128: its compute partitions need more registers than the worker's dQ
+        # matmul leaves them (580-588 B spilled) and it ran 0.67-0.82x the shipped backward on the
+        # H200; at D=64 nothing spills and it ran 1.06-1.20x from N=1k.
+        if params.dq_mode == "atomic" and spec.head_dim != 64:
+            return "the one pass (dq_mode atomic, gluon=1) spills above D=64 and measured slower there"
+        # Under a causal mask dq_mode matmul's dQ kernel reads the key blocks each 128 queries see,
+        # whose skipped tiles the dK/dV kernel zeroes: at D=128 it measured 1.04-1.08x the shipped
+        # causal backward on the H200 from N=4k, faster still with the dQ kernel (the tuner
+        # decides); at D=64, 0.94-0.96x the shipped one at N=4k and 16k, as it reads dS for twice
+        # the heads a FLOP.
+        if params.dq_mode == "matmul" and spec.mask == "causal" and spec.head_dim != 128:
+            return "dq_mode matmul measured slower than the other backwards under a causal mask at D=64"
+        return None

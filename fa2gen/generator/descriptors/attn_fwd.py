@@ -24,3 +24,13 @@ class AttnFwd(ForwardTemplate):
         stages = max(1, params.num_stages)
         p = params.block_m * params.block_n * spec.element_bytes if params.loads == "pointer" else 0
         return self.tile_bytes(spec, params.block_m) + 2 * stages * self.tile_bytes(spec, params.block_n) + p
+
+    def prune(self, arch, spec, params):
+        # Hopper's wgmma is issued per warp group of 4 warps, 64 rows each: 8 warps on 64 rows
+        # split the rows badly. Every such variant in the H200's fp16 forward sweep ran at 40-60%
+        # of the best one.
+        if arch == "sm90" and params.num_warps == 8 and params.block_m < 128:
+            return "8 warps on sm90 need block_m >= 128 (two 64-row warp groups)"
+        if arch == "sm90" and params.persistent == 1:
+            return "one persistent Triton program an SM halves occupancy (0.32-0.78x the plain grid on the H200)"
+        return None

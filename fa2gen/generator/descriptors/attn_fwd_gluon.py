@@ -37,6 +37,43 @@ def gluon_k_stages(spec: KernelSpec, params: TuningParams) -> int:
     return params.num_stages - 1 if gluon_overlap(spec, params) else params.num_stages
 
 
+# The Gluon forward's candidates every study of a space with it enqueues, after the default,
+# the bucket's own entry and earlier winner and the nearest buckets' winners (so a study of 12
+# trials or more measures them all): most of the space's gluon points fail the template's rules
+# (warps fixed by block_m, host descriptors only), so a sampler alone rarely proposes a valid
+# one. On the H200 two 64-row partitions on 128 x 128 tiles with two stages won 10 of 12
+# canonical cells among the Gluon forms; one 64-row partition on 64 x 64 tiles with three
+# stages was next at D=128 (on 64 x 128 it spills at D=128 under its 128-register limit).
+# The persistent form is for short sequences, where a tile's prologue and epilogue are a
+# large share of its time (on 128 x 128 tiles it spills at 168 registers, on 128 x 64 it does
+# not). With three stages on 128 x 128 tiles the softmax runs under P @ V: 4-5% faster than
+# the shipped forms at N=16k; K's ring there is a slot shorter than V's, so one persistent
+# program an SM keeps three of V (4% faster than its two-stage form). 64 x 64 tiles with two
+# or three programs an SM on the queue are for the short D=64 causal cells, where the Triton
+# template's tiles ran 0.83-0.90x cuDNN; three (an 80-register launch) ran them 1.09-1.12x
+# faster than two (D=64 only: at D=128 three do not fit).
+GLUON_CANDIDATES = (
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1),
+    TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=2),
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_host", gluon=2, persistent=1),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=2),
+    TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma_host", gluon=1, persistent=3),
+)
+# fp8 only: 256-key steps on the plain grid ran fp8 D=128 on the H200 1-3% faster than the
+# shipped forms without a mask from N=4k and 8-9% under the causal mask at N=16k, 6-7% slower
+# there at N=4k. They come first among the Gluon candidates, as a short study did not reach
+# them last. One persistent program an SM on them (under the causal mask taking tiles from the
+# queue) ran 4-10% faster than the plain grid without a mask and tied it under the mask.
+GLUON_FP8_CANDIDATES = (
+    TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2),
+    TuningParams(block_m=128, block_n=256, num_warps=8, num_stages=2, loads="tma_host", gluon=2, persistent=1),
+)
+
+
 class AttnFwdGluon(ForwardTemplate):
     file = "attn_fwd_gluon.py.jinja"
     gluon = (1, 2)
@@ -85,3 +122,22 @@ class AttnFwdGluon(ForwardTemplate):
         kv = (gluon_k_stages(spec, params) + params.num_stages) * self.tile_bytes(spec, params.block_n)
         o = params.block_m * spec.head_dim_padded * 2 if spec.fp8 else 0
         return q + kv + o
+
+    def candidates(self, spec):
+        # fp8's own first: a short study reaches only the warm start's head (the bucket's own
+        # and earlier entries and the neighbours' come before the candidates)
+        return (GLUON_FP8_CANDIDATES if spec.fp8 else ()) + GLUON_CANDIDATES
+
+    def prune(self, arch, spec, params):
+        # Two persistent programs an SM on 128 x 128 tiles: their shared memory fits two only at
+        # D=64, where one a SM measured the same. One a SM spills 24-204 B (ptxas for sm90, fp16
+        # D=64 to D=128) and still ran short sequences 1.05-1.12x faster than the shipped configs
+        # on the H200, as cuDNN's own short forward is persistent on 128-key blocks.
+        if params.persistent == 2 and params.block_m == 128 and params.block_n == 128:
+            return "two persistent Gluon programs an SM on 128 x 128 tiles: their shared memory fits two only at D=64"
+        # fp8's 256-key steps: two persistent programs an SM do not fit its shared memory at D=128
+        # (one takes 176 KB); one an SM masks its first block with an opaque zero, without which
+        # it spilled 664 B.
+        if spec.fp8 and params.block_n == 256 and params.persistent == 2:
+            return "fp8's 256-key Gluon steps: one persistent program an SM at most"
+        return None

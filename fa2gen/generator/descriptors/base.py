@@ -34,6 +34,15 @@ class Template:
         """Why the template cannot render ``params`` for ``spec``, or None."""
         return None
 
+    def candidates(self, spec: KernelSpec) -> tuple[TuningParams, ...]:
+        """Points of this template every study enqueues (those the bucket can run), since a
+        sampler alone rarely proposes a valid one."""
+        return ()
+
+    def prune(self, arch: str, spec: KernelSpec, params: TuningParams) -> str | None:
+        """Why the tuner should not compile a point it could render: what measured slower."""
+        return None
+
     def smem(self, spec: KernelSpec, params: TuningParams) -> int:
         """Shared memory a variant holds, in bytes (an estimate for pruning)."""
         raise NotImplementedError(f"{type(self).__name__} does not estimate its shared memory")
