@@ -84,15 +84,17 @@ def test_compile_for_refuses_under_the_interpreter():
 def test_compile_for_specialises_as_a_gpu_launch():
     """Pointers and (for head dims divisible by 16) strides carry the divisibility a launch
     on aligned, contiguous tensors gets; arguments the kernel keeps unspecialised do not."""
-    from fa2gen.generator.ahead import _attrs, _constexprs, _signature
+    from fa2gen.generator.ahead import _attrs, _signature
     from fa2gen.generator.cache import load_module
+    from fa2gen.generator.descriptors import template_of
     from fa2gen.generator.spec import KernelSpec, TuningParams
 
     params = TuningParams(64, 32, 4, 2, "pointer")
     for d, strides_marked in ((128, True), (72, False)):
         spec = KernelSpec(direction="bwd", head_dim=d, mask="causal")
         fn = load_module(spec, params).attn_bwd_dkdv
-        sig = _signature(fn, _constexprs(spec, params, "attn_bwd_dkdv"), spec, params)
+        dkdv = next(k for k in template_of(spec, params).kernels(spec, params) if k.name == "attn_bwd_dkdv")
+        sig = _signature(fn, dkdv.constexprs, spec, params)
         marked = {fn.arg_names[i] for (i,) in _attrs(fn, sig, spec)}
         pointers = {n for n, t in sig.items() if t.startswith("*")}
         strides = {n for n in fn.arg_names if n.startswith("stride")}

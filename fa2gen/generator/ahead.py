@@ -17,22 +17,11 @@ from dataclasses import dataclass
 
 from .. import compat
 from .cache import interpreting, load_module
-from .spec import PASS_WARPS, KernelSpec, TuningParams, pass_rows, triton_part
-
-# The kernels a variant launches, in order.
-KERNELS = {"fwd": ("attn_fwd",), "bwd": ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq")}
-KERNELS_DQ_ATOMIC = ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq_store")
-PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")  # launched with their own tiles and warps
-
+from .descriptors import plan, template_of
+from .spec import KernelSpec, TuningParams
 
 _TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 _TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv", "fp32": "fp32"}
-
-
-def kernels_of(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
-    if spec.direction == "bwd" and params.dq_mode != "separate":
-        return KERNELS_DQ_ATOMIC
-    return KERNELS[spec.direction]
 
 
 @dataclass(frozen=True)
@@ -99,68 +88,21 @@ def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
     return attrs
 
 
-def _gluon_kernels(spec: KernelSpec, params: TuningParams) -> tuple[str, ...]:
-    """The kernels a Gluon variant writes in Gluon (the backward's others are Triton's)."""
-    if spec.direction == "fwd":
-        return ("attn_fwd",)
-    if params.gluon == 2:
-        return ("attn_bwd_dkdv", "attn_bwd_dq")
-    return ("attn_bwd_dkdv", "attn_bwd_dq_ds") if params.dq_mode == "matmul" else ("attn_bwd_dkdv",)
-
-
-def _constexprs(spec: KernelSpec, params: TuningParams, kernel: str) -> dict:
-    if kernel == "attn_bwd_dq_ds":  # (its tiles come from its descriptors' boxes)
-        return {"HEAD_DIM": spec.head_dim}
-    if params.gluon and kernel in ("attn_bwd_dkdv", "attn_bwd_dq"):
-        return {
-            "HEAD_DIM": spec.head_dim,
-            "OUTER": params.block_m,
-            "INNER": params.block_n,
-            "STAGES": params.num_stages,
-        }
-    if params.gluon:
-        return {
-            "HEAD_DIM": spec.head_dim,
-            "BLOCK_M": params.block_m,
-            "BLOCK_N": params.block_n,
-            "STAGES": params.num_stages,
-        }
-    dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
-    if kernel == "attn_fwd":
-        return {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n}
-    if kernel in PASS_KERNELS:
-        return {**dims, "BLOCK": pass_rows(spec)}
-    return {**dims, "OUTER": params.block_m, "INNER": params.block_n}
-
-
-def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90", *, skip: tuple[str, ...] = ()):
-    """Each kernel of a variant compiled for ``arch`` (e.g. "sm90", "sm80") as a GPU launch
-    specialises it, without a GPU: yields (kernel name, Triton's compiled kernel). Kernels
-    named in ``skip`` are not compiled."""
+def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90"):
+    """Each kernel of a variant (``descriptors.plan``) compiled for ``arch`` (e.g. "sm90",
+    "sm80") as a GPU launch specialises it, without a GPU: yields (kernel name, Triton's
+    compiled kernel)."""
     if interpreting():
         raise RuntimeError("compiling ahead needs compiled Triton: unset TRITON_INTERPRET")
-    if params.gluon:
-        gluon_kernels = _gluon_kernels(spec, params)
-        if spec.direction == "bwd":  # the kernels the Triton template writes (triton_part)
-            skip = gluon_kernels + (("attn_bwd_dq",) if params.dq_mode == "matmul" else ())
-            yield from compiled_kernels(spec, triton_part(params), arch, skip=skip)
-        module = load_module(spec, params)
-        for name in gluon_kernels:
-            yield name, _compile_gluon(module, spec, params, arch, name)
-        return
-    module = load_module(spec, params)
-    for name in kernels_of(spec, params):
-        if name in skip:
+    for module_params, kernel in plan(spec, params):
+        module = load_module(spec, module_params)
+        if module_params.gluon:
+            yield kernel.name, _compile_gluon(module, spec, module_params, arch, kernel.name)
             continue
-        fn = getattr(module, name)
-        constexprs = _constexprs(spec, params, name)
-        options = (
-            {"num_warps": PASS_WARPS, "num_stages": 1}
-            if name in PASS_KERNELS
-            else {"num_warps": params.num_warps, "num_stages": params.num_stages}
-        )
-        signature = _signature(fn, constexprs, spec, params)
-        yield name, compat.compile_triton(fn, signature, constexprs, _attrs(fn, signature, spec), arch, options)
+        fn = getattr(module, kernel.name)
+        signature = _signature(fn, kernel.constexprs, spec, module_params)
+        attrs = _attrs(fn, signature, spec)
+        yield kernel.name, compat.compile_triton(fn, signature, kernel.constexprs, attrs, arch, kernel.options)
 
 
 def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, kernel: str):
@@ -180,7 +122,8 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
     from .gluon import backward_boxes, descriptor_boxes, descriptor_dtype, descriptor_layout
 
     fn = getattr(module, kernel)
-    constexprs = {**_constexprs(spec, params, fn.__name__), "num_warps": module.LAUNCH["num_warps"]}
+    own = next(k for k in template_of(spec, params).kernels(spec, params) if k.name == kernel)
+    constexprs = {**own.constexprs, "num_warps": module.LAUNCH["num_warps"]}
     boxes = (
         dict(zip("QKVO", descriptor_boxes(spec, params)))
         if spec.direction == "fwd"

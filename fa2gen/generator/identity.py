@@ -17,8 +17,9 @@ import json
 import tokenize
 from dataclasses import dataclass
 
+from .descriptors import parts
 from .rendering import render, template_hash
-from .spec import KernelSpec, TuningParams, triton_part
+from .spec import KernelSpec, TuningParams
 
 # Short tags for the readable part of a name; the digest keeps names unique.
 _TAGS = {
@@ -78,14 +79,6 @@ def canonical_json(spec: KernelSpec, params: TuningParams) -> str:
     )
 
 
-def modules_of(spec: KernelSpec, params: TuningParams) -> tuple[TuningParams, ...]:
-    """The params of every generated module a variant runs: its own, and for the Gluon
-    backward the Triton template's (delta and dQ's kernels, ``triton_part``)."""
-    if spec.direction == "bwd" and params.gluon:
-        return params, triton_part(params)
-    return (params,)
-
-
 def normalised(source: str) -> str:
     """Python ``source`` without what cannot change what it computes: comments, docstrings
     (any statement that is only a string), blank lines and trailing spaces. Tokens are only
@@ -121,7 +114,7 @@ def code_digest(spec: KernelSpec, params: TuningParams, triton: str | None = Non
     out (it holds the Triton version). An entry is judged by the code of the version it was
     tuned under, so a version-specific form does not stale other versions' entries."""
     h = hashlib.sha256()
-    for p in modules_of(spec, params):
+    for _, p in parts(spec, params):
         h.update(normalised(render(spec, p, name="variant", triton=triton)).encode())
         h.update(b"\0")
     return h.hexdigest()[:16]

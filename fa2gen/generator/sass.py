@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 
 from . import ahead
+from .descriptors.attn_bwd import PASS_KERNELS
 from .spec import KernelSpec, TuningParams
 
 
@@ -90,7 +91,7 @@ def analyse(
     spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask)
     out = {}
     for name, kernel in ahead.compiled_kernels(spec, params, arch):
-        if name in ahead.PASS_KERNELS:
+        if name in PASS_KERNELS:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             cubin = os.path.join(tmp, "k.cubin")

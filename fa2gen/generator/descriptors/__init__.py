@@ -1,16 +1,18 @@
 """One descriptor per template: each owns its template's contract in Python (the variants it
-renders, the rules for which specs and params it renders, its Jinja variables and its shared
-memory). spec.unsupported, rendering and arch.smem_estimate ask the descriptor of a variant's
-template (``template_of``) rather than knowing the templates themselves."""
+renders, the rules for which specs and params it renders, its Jinja variables, its kernels and
+their constexprs and options, its shared memory, and the tuner's candidates and prunes).
+spec.unsupported, rendering, identity, arch.smem_estimate, ahead and tuner.space ask the
+descriptor of a variant's template (``template_of``, ``parts``, ``plan``) rather than knowing
+the templates themselves."""
 
 from __future__ import annotations
 
-from ..spec import KernelSpec, TuningParams
+from ..spec import KernelSpec, TuningParams, triton_part
 from .attn_bwd import AttnBwd
 from .attn_bwd_gluon import AttnBwdGluon
 from .attn_fwd import AttnFwd
 from .attn_fwd_gluon import AttnFwdGluon
-from .base import Template
+from .base import Kernel, Template
 
 TEMPLATES: tuple[Template, ...] = (AttnFwd(), AttnBwd(), AttnFwdGluon(), AttnBwdGluon())
 _BY_VARIANT = {(t.direction, g): t for t in TEMPLATES for g in t.gluon}
@@ -26,4 +28,25 @@ def direction_templates(direction: str) -> tuple[Template, ...]:
     return tuple(t for t in TEMPLATES if t.direction == direction)
 
 
-__all__ = ["TEMPLATES", "Template", "direction_templates", "template_of"]
+def parts(spec: KernelSpec, params: TuningParams) -> tuple[tuple[Template, TuningParams], ...]:
+    """The modules a variant runs, as (template, the params it renders): its own, and for the
+    Gluon backward the Triton template's on the same tiles (delta, and dQ's kernel or pass:
+    ``spec.triton_part``)."""
+    own = (template_of(spec, params), params)
+    if spec.direction == "bwd" and params.gluon:
+        part = triton_part(params)
+        return (own, (template_of(spec, part), part))
+    return (own,)
+
+
+def plan(spec: KernelSpec, params: TuningParams) -> tuple[tuple[TuningParams, Kernel], ...]:
+    """Every kernel a variant runs, with the params of the module it comes from: the other
+    modules' kernels first (less those the variant's own replace), then its own."""
+    (template, own_params), *others = parts(spec, params)
+    own = template.kernels(spec, own_params)
+    replaced = {k.replaces for k in own if k.replaces}
+    first = [(p, k) for t, p in others for k in t.kernels(spec, p) if k.name not in replaced]
+    return (*first, *((own_params, k) for k in own))
+
+
+__all__ = ["TEMPLATES", "Kernel", "Template", "direction_templates", "parts", "plan", "template_of"]

@@ -3,7 +3,12 @@ and dQ passes (``spec.triton_part``)."""
 
 from __future__ import annotations
 
-from .base import BackwardTemplate
+from ..spec import PASS_WARPS, pass_rows
+from .base import BackwardTemplate, Kernel
+
+# The memory-bound passes (delta, and the atomic paths' dQ store): their own small tiles and
+# warps (spec.pass_rows, PASS_WARPS)
+PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")
 
 
 class AttnBwd(BackwardTemplate):
@@ -19,6 +24,16 @@ class AttnBwd(BackwardTemplate):
             "pad_head": spec.head_dim != spec.head_dim_padded,
             "softcap": spec.softcap,
         }
+
+    def kernels(self, spec, params):
+        dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
+        tiles = {**dims, "OUTER": params.block_m, "INNER": params.block_n}
+        options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
+        passes = {"num_warps": PASS_WARPS, "num_stages": 1}
+        delta, dq_store = (Kernel(k, {**dims, "BLOCK": pass_rows(spec)}, passes) for k in PASS_KERNELS)
+        # dQ in a kernel of its own, or added into fp32 sums by the dK/dV kernel and stored by a pass
+        dq = Kernel("attn_bwd_dq", tiles, options) if params.dq_mode == "separate" else dq_store
+        return (delta, Kernel("attn_bwd_dkdv", tiles, options), dq)
 
     def smem(self, spec, params):
         # the P and dS tiles; with dq_mode tma_reduce also the fp32 dQ tile staged for its bulk

@@ -4,7 +4,7 @@ matmul); its delta and dQ passes come from attn_bwd.py.jinja (``spec.triton_part
 from __future__ import annotations
 
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, TuningParams
-from .base import BackwardTemplate
+from .base import BackwardTemplate, Kernel
 
 GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
 
@@ -78,6 +78,23 @@ class AttnBwdGluon(BackwardTemplate):
         )
         scratch = params.block_n * spec.head_dim_padded * 4 if params.dq_mode == "atomic" else 0
         return self.owned_and_streamed(spec, params) + staged_ds + scratch
+
+    def kernels(self, spec, params):
+        """dK/dV; with gluon=2 the dQ kernel; with dq_mode matmul the kernel that computes dQ
+        from the stored dS (in place of the Triton template's dQ kernel, whose tiles come from
+        its descriptors' boxes). Delta and the others come from the Triton template."""
+        tiles = {
+            "HEAD_DIM": spec.head_dim,
+            "OUTER": params.block_m,
+            "INNER": params.block_n,
+            "STAGES": params.num_stages,
+        }
+        dkdv = Kernel("attn_bwd_dkdv", tiles, replaces="attn_bwd_dkdv")
+        if params.gluon == 2:
+            return (dkdv, Kernel("attn_bwd_dq", tiles, replaces="attn_bwd_dq"))
+        if params.dq_mode == "matmul":
+            return (dkdv, Kernel("attn_bwd_dq_ds", {"HEAD_DIM": spec.head_dim}, replaces="attn_bwd_dq"))
+        return (dkdv,)
 
     def candidates(self, spec):
         return GLUON_BWD_CANDIDATES

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ForwardTemplate
+from .base import ForwardTemplate, Kernel
 
 
 class AttnFwd(ForwardTemplate):
@@ -18,6 +18,15 @@ class AttnFwd(ForwardTemplate):
             "persistent": params.persistent,
             "softcap": spec.softcap,
         }
+
+    def kernels(self, spec, params):
+        constexprs = {
+            "HEAD_DIM": spec.head_dim,
+            "HEAD_DIM_PAD": spec.head_dim_padded,
+            "BLOCK_M": params.block_m,
+            "BLOCK_N": params.block_n,
+        }
+        return (Kernel("attn_fwd", constexprs, {"num_warps": params.num_warps, "num_stages": params.num_stages}),)
 
     def smem(self, spec, params):
         # Q, then K and V num_stages deep; on the pointer path P is staged for the second dot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ... import compat
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, KernelSpec, TuningParams
-from .base import ForwardTemplate
+from .base import ForwardTemplate, Kernel
 
 
 def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
@@ -122,6 +122,15 @@ class AttnFwdGluon(ForwardTemplate):
         kv = (gluon_k_stages(spec, params) + params.num_stages) * self.tile_bytes(spec, params.block_n)
         o = params.block_m * spec.head_dim_padded * 2 if spec.fp8 else 0
         return q + kv + o
+
+    def kernels(self, spec, params):
+        constexprs = {
+            "HEAD_DIM": spec.head_dim,
+            "BLOCK_M": params.block_m,
+            "BLOCK_N": params.block_n,
+            "STAGES": params.num_stages,
+        }
+        return (Kernel("attn_fwd", constexprs),)
 
     def candidates(self, spec):
         # fp8's own first: a short study reaches only the warm start's head (the bucket's own

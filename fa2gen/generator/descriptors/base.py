@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..spec import KernelSpec, TuningParams
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a rendered module: its name, the constexpr values a launch binds, and a
+    Triton kernel's launch options (None: a Gluon kernel's, its module's ``LAUNCH``).
+    ``replaces``: the kernel of the Triton template it stands in for (the Gluon backward's)."""
+
+    name: str
+    constexprs: dict[str, int] = field(default_factory=dict)
+    options: dict[str, int] | None = None
+    replaces: str = ""
+
+
 class Template:
     """One Jinja template: the variants it renders (its direction and ``TuningParams.gluon``
     values), the rules that say which specs and params it renders, the Jinja variables it
-    reads and how they derive from the spec and params, and the shared memory a variant holds.
+    reads and how they derive from the spec and params, its kernels, the shared memory a
+    variant holds, and what the tuner enqueues and prunes of it.
 
     ``triton`` is the (major, minor) of the Triton the code is for (None: the installed); a
     template's text may differ by version only through a flag here."""
@@ -33,6 +47,10 @@ class Template:
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
         """Why the template cannot render ``params`` for ``spec``, or None."""
         return None
+
+    def kernels(self, spec: KernelSpec, params: TuningParams) -> tuple[Kernel, ...]:
+        """The kernels of the module ``params`` render to, in the order a variant runs them."""
+        raise NotImplementedError(f"{type(self).__name__} does not list its kernels")
 
     def candidates(self, spec: KernelSpec) -> tuple[TuningParams, ...]:
         """Points of this template every study enqueues (those the bucket can run), since a
