@@ -6,6 +6,7 @@ import torch
 
 from .. import compat
 from ..generator.cache import interpreting, load_module
+from ..generator.descriptors import template_of
 from ..generator.spec import TMA_LOADS, TuningParams
 from . import direct
 from .fp8 import check_descales, transposed_v
@@ -212,14 +213,8 @@ class Launch:
         if params.persistent:
             self.scalars += (tiles,)
             self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
-        self.constexprs = dict(
-            HEAD_DIM=problem.head_dim,
-            HEAD_DIM_PAD=dp,
-            BLOCK_M=params.block_m,
-            BLOCK_N=params.block_n,
-            num_warps=params.num_warps,
-            num_stages=params.num_stages,
-        )
+        [kernel] = template_of(spec, params).kernels(spec, params)
+        self.constexprs = {**kernel.constexprs, **kernel.options}
         # Descriptor blocks of q, k, v and out; fp8's V is transposed, (D x keys) blocks.
         v_block = (dp, params.block_n) if spec.fp8 else (params.block_n, dp)
         self.blocks = ((params.block_m, dp), (params.block_n, dp), v_block, (params.block_m, dp))
@@ -232,9 +227,8 @@ class Launch:
         if params.persistent:
             self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
         self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, tiles)
-        self.constexprs = dict(
-            HEAD_DIM=problem.head_dim, BLOCK_M=params.block_m, BLOCK_N=params.block_n, STAGES=params.num_stages
-        )
+        [kernel] = template_of(self.spec, params).kernels(self.spec, params)
+        self.constexprs = dict(kernel.constexprs)  # (the launch options are the module's LAUNCH)
         from ..generator.gluon import descriptor_boxes
 
         self.blocks = descriptor_boxes(self.spec, params)
