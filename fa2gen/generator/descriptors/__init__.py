@@ -1,9 +1,9 @@
 """One descriptor per template: each owns its template's contract in Python (the variants it
 renders, the rules for which specs and params it renders, its Jinja variables, its kernels and
 their constexprs and options, its shared memory, and the tuner's candidates and prunes).
-spec.unsupported, rendering, identity, arch.smem_estimate, ahead and tuner.space ask the
-descriptor of a variant's template (``template_of``, ``parts``, ``plan``) rather than knowing
-the templates themselves."""
+spec.unsupported, rendering, identity, arch.smem_estimate, ahead, the forward's launch and
+tuner.space ask the descriptor of a variant's template (``template_of``, ``parts``, ``plan``)
+rather than knowing the templates themselves. (The backward's launch does not yet.)"""
 
 from __future__ import annotations
 
