@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from .. import compat
 from .cache import interpreting, load_module
-from .descriptors import plan, template_of
+from .descriptors import Kernel, plan, template_of
+from .gluon import descriptor_dtype
 from .spec import KernelSpec, TuningParams
 
 _TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
@@ -34,28 +35,16 @@ class Resources:
     losses: tuple[str, ...] = ()
 
 
-# Rows of each host descriptor's block, per kernel: a program's own tile (block_m) or its
-# loop step (block_n). The delta kernel takes plain pointers.
-_DESCRIPTOR_ROWS = {
-    "attn_fwd": {"Q": "m", "O": "m", "K": "n", "V": "n"},
-    "attn_bwd_dkdv": {"K": "m", "V": "m", "DK": "m", "DV": "m", "Q": "n", "DO": "n"},
-    "attn_bwd_dq": {"Q": "m", "DO": "m", "DQ": "m", "K": "n", "V": "n"},
-}
-
-
-def _signature(fn, constexprs: dict, spec: KernelSpec, params: TuningParams) -> dict:
+def _signature(fn, kernel: Kernel, spec: KernelSpec, params: TuningParams) -> dict:
     sig = {}
     element = _TRITON_TYPES[spec.dtype]
-    rows_of = _DESCRIPTOR_ROWS.get(fn.__name__, {}) if params.loads == "tma_host" else {}
+    boxes = kernel.boxes if params.loads == "tma_host" else {}
     for name in fn.arg_names:
-        if name in constexprs:
+        if name in kernel.constexprs:
             sig[name] = "constexpr"
-        elif name in rows_of:
-            rows = params.block_m if rows_of[name] == "m" else params.block_n
-            block = f"{spec.head_dim_padded},{rows}" if spec.fp8 and name == "V" else f"{rows},{spec.head_dim_padded}"
-            sig[name] = f"tensordesc<{_TRITON_TYPES[spec.out_dtype] if name == 'O' else element}[1,1,{block}]>"
-        elif name == "DQACC" and params.dq_mode == "tma_reduce" and fn.__name__ == "attn_bwd_dkdv":
-            sig[name] = f"tensordesc<fp32[1,1,{params.block_n},{spec.head_dim_padded}]>"
+        elif name in boxes:
+            box = ",".join(map(str, boxes[name]))
+            sig[name] = f"tensordesc<{_TRITON_TYPES[descriptor_dtype(spec, name)]}[{box}]>"
         elif name in _TENSORS:
             sig[name] = f"*{_TRITON_TYPES[spec.out_dtype] if name == 'O' else element}"
         elif name in ("LSE", "DELTA", "DQACC") or name.startswith("DESCALE"):
@@ -100,7 +89,7 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
             yield kernel.name, _compile_gluon(module, spec, module_params, arch, kernel.name)
             continue
         fn = getattr(module, kernel.name)
-        signature = _signature(fn, kernel.constexprs, spec, module_params)
+        signature = _signature(fn, kernel, spec, module_params)
         attrs = _attrs(fn, signature, spec)
         yield kernel.name, compat.compile_triton(fn, signature, kernel.constexprs, attrs, arch, kernel.options)
 
@@ -119,16 +108,15 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
     """(constexprs, signature) of a Gluon kernel of ``module`` as an ahead-of-time compile
     sees it: its host descriptors' types carry their boxes and shared-memory layouts, which
     the launch's descriptors must match (runtime.backward, runtime.launch)."""
-    from .gluon import backward_boxes, descriptor_boxes, descriptor_dtype, descriptor_layout
+    from .gluon import backward_boxes, descriptor_layout
 
     fn = getattr(module, kernel)
     own = next(k for k in template_of(spec, params).kernels(spec, params) if k.name == kernel)
     constexprs = {**own.constexprs, "num_warps": module.LAUNCH["num_warps"]}
-    boxes = (
-        dict(zip("QKVO", descriptor_boxes(spec, params)))
-        if spec.direction == "fwd"
-        else backward_boxes(spec, params, kernel, getattr(module, "DS_ROWS", 0))
-    )
+    if spec.direction == "fwd":
+        boxes = {name: list(box) for name, box in own.boxes.items()}
+    else:
+        boxes = backward_boxes(spec, params, kernel, getattr(module, "DS_ROWS", 0))
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:

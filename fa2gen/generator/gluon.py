@@ -1,6 +1,7 @@
 """What the Gluon kernels' host side must agree on with them: the shared-memory layout of
 each descriptor box (part of the descriptor's type, so the launch and an ahead-of-time
-compile must build the same one), and the boxes themselves."""
+compile must build the same one), and the backward's boxes (the forward's are its
+descriptor's, ``descriptors.attn_fwd_gluon``)."""
 
 from __future__ import annotations
 
@@ -26,15 +27,6 @@ def _layout(block: tuple[int, ...], dtype: str):
     from .. import compat
 
     return compat.nvmma_layout(block, dtype)
-
-
-def descriptor_boxes(spec, params) -> tuple[list[int], ...]:
-    """The boxes of the Q, K, V and O descriptors: each compute partition loads and stores
-    its own rows of Q and O; fp8's V is transposed, (B, H, D, N), so its box is (D x keys)."""
-    rows = params.block_m // params.gluon
-    d = spec.head_dim
-    v = [1, 1, d, params.block_n] if spec.fp8 else [1, 1, params.block_n, d]
-    return [1, 1, rows, d], [1, 1, params.block_n, d], v, [1, 1, rows, d]
 
 
 def backward_boxes(spec, params, kernel: str, ds_rows: int = 0) -> dict[str, list[int]]:

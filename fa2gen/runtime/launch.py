@@ -195,7 +195,6 @@ class Launch:
         if params.gluon:
             self._init_gluon(problem, params, sm_count)
             return
-        dp = spec.head_dim_padded
         left, right = window_extents(problem)
         # In the kernel's argument order: Hq, group, Nq, Nk, sm_scale, softcap, win_left, win_right.
         self.scalars = (
@@ -215,9 +214,8 @@ class Launch:
             self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
         [kernel] = template_of(spec, params).kernels(spec, params)
         self.constexprs = {**kernel.constexprs, **kernel.options}
-        # Descriptor blocks of q, k, v and out; fp8's V is transposed, (D x keys) blocks.
-        v_block = (dp, params.block_n) if spec.fp8 else (params.block_n, dp)
-        self.blocks = ((params.block_m, dp), (params.block_n, dp), v_block, (params.block_m, dp))
+        # the (rows x cols) blocks of the q, k, v and out descriptors (with loads=tma_host)
+        self.blocks = tuple(kernel.boxes[t][2:] for t in "QKVO")
 
     def _init_gluon(self, problem: Problem, params: TuningParams, sm_count: int | None) -> None:
         # One program per (query block, batch * head) tile, or a persistent grid walking them
@@ -229,9 +227,7 @@ class Launch:
         self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, tiles)
         [kernel] = template_of(self.spec, params).kernels(self.spec, params)
         self.constexprs = dict(kernel.constexprs)  # (the launch options are the module's LAUNCH)
-        from ..generator.gluon import descriptor_boxes
-
-        self.blocks = descriptor_boxes(self.spec, params)
+        self.blocks = tuple(list(kernel.boxes[t]) for t in "QKVO")
         self.layouts = None  # built with the module, on the first run
 
     def fallback(self) -> "Launch":

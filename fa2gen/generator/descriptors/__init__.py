@@ -1,6 +1,7 @@
 """One descriptor per template: each owns its template's contract in Python (the variants it
-renders, the rules for which specs and params it renders, its Jinja variables, its kernels and
-their constexprs and options, its shared memory, and the tuner's candidates and prunes).
+renders, the rules for which specs and params it renders, its Jinja variables, its kernels with
+their constexprs, options and descriptor boxes, its shared memory, and the tuner's candidates
+and prunes).
 spec.unsupported, rendering, identity, arch.smem_estimate, ahead, the forward's launch and
 tuner.space ask the descriptor of a variant's template (``template_of``, ``parts``, ``plan``)
 rather than knowing the templates themselves. (The backward's launch does not yet.)"""

@@ -31,9 +31,16 @@ class AttnBwd(BackwardTemplate):
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
         passes = {"num_warps": PASS_WARPS, "num_stages": 1}
         delta, dq_store = (Kernel(k, {**dims, "BLOCK": pass_rows(spec)}, passes) for k in PASS_KERNELS)
+        # Host descriptors: block_m rows of what a program owns, block_n of what a step takes;
+        # with dq_mode tma_reduce dK/dV also adds each step's fp32 dQ through one
+        dp, m, n = spec.head_dim_padded, params.block_m, params.block_n
+        dkdv = {t: (1, 1, m if t in ("K", "V", "DK", "DV") else n, dp) for t in ("K", "V", "DK", "DV", "Q", "DO")}
+        if params.dq_mode == "tma_reduce":
+            dkdv["DQACC"] = (1, 1, n, dp)
+        dq = {t: (1, 1, m if t in ("Q", "DO", "DQ") else n, dp) for t in ("Q", "DO", "DQ", "K", "V")}
         # dQ in a kernel of its own, or added into fp32 sums by the dK/dV kernel and stored by a pass
-        dq = Kernel("attn_bwd_dq", tiles, options) if params.dq_mode == "separate" else dq_store
-        return (delta, Kernel("attn_bwd_dkdv", tiles, options), dq)
+        last = Kernel("attn_bwd_dq", tiles, options, dq) if params.dq_mode == "separate" else dq_store
+        return (delta, Kernel("attn_bwd_dkdv", tiles, options, dkdv), last)
 
     def smem(self, spec, params):
         # the P and dS tiles; with dq_mode tma_reduce also the fp32 dQ tile staged for its bulk

@@ -26,7 +26,11 @@ class AttnFwd(ForwardTemplate):
             "BLOCK_M": params.block_m,
             "BLOCK_N": params.block_n,
         }
-        return (Kernel("attn_fwd", constexprs, {"num_warps": params.num_warps, "num_stages": params.num_stages}),)
+        dp, m, n = spec.head_dim_padded, params.block_m, params.block_n
+        # fp8's V is transposed, (B, H, D, N): its box is (D x keys)
+        boxes = {"Q": (1, 1, m, dp), "K": (1, 1, n, dp), "V": (1, 1, dp, n) if spec.fp8 else (1, 1, n, dp)}
+        options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
+        return (Kernel("attn_fwd", constexprs, options, {**boxes, "O": (1, 1, m, dp)}),)
 
     def smem(self, spec, params):
         # Q, then K and V num_stages deep; on the pointer path P is staged for the second dot
