@@ -26,11 +26,9 @@ class AttnFwd(ForwardTemplate):
             "BLOCK_M": params.block_m,
             "BLOCK_N": params.block_n,
         }
-        dp, m, n = spec.head_dim_padded, params.block_m, params.block_n
-        # fp8's V is transposed, (B, H, D, N): its box is (D x keys)
-        boxes = {"Q": (1, 1, m, dp), "K": (1, 1, n, dp), "V": (1, 1, dp, n) if spec.fp8 else (1, 1, n, dp)}
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
-        return (Kernel("attn_fwd", constexprs, options, {**boxes, "O": (1, 1, m, dp)}),)
+        boxes = self.qkvo_boxes(spec, params.block_m, params.block_n, spec.head_dim_padded)
+        return (Kernel("attn_fwd", constexprs, options, boxes),)
 
     def smem(self, spec, params):
         # Q, then K and V num_stages deep; on the pointer path P is staged for the second dot

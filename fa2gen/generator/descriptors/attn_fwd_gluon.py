@@ -130,11 +130,9 @@ class AttnFwdGluon(ForwardTemplate):
             "BLOCK_N": params.block_n,
             "STAGES": params.num_stages,
         }
-        # Each compute partition loads and stores its own rows of Q and O; fp8's V is
-        # transposed, (B, H, D, N), so its box is (D x keys)
-        rows, d, n = params.block_m // params.gluon, spec.head_dim, params.block_n
-        boxes = {"Q": (1, 1, rows, d), "K": (1, 1, n, d), "V": (1, 1, d, n) if spec.fp8 else (1, 1, n, d)}
-        return (Kernel("attn_fwd", constexprs, boxes={**boxes, "O": (1, 1, rows, d)}),)
+        # each compute partition loads and stores its own rows of Q and O
+        boxes = self.qkvo_boxes(spec, params.block_m // params.gluon, params.block_n, spec.head_dim)
+        return (Kernel("attn_fwd", constexprs, boxes=boxes),)
 
     def candidates(self, spec):
         # fp8's own first: a short study reaches only the warm start's head (the bucket's own

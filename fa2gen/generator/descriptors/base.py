@@ -80,6 +80,13 @@ class ForwardTemplate(Template):
     def tile_bytes(spec: KernelSpec, rows: int) -> int:
         return rows * spec.head_dim_padded * spec.element_bytes
 
+    @staticmethod
+    def qkvo_boxes(spec: KernelSpec, q_rows: int, kv_rows: int, cols: int) -> dict[str, tuple[int, ...]]:
+        """The Q, K, V and O descriptors' boxes; fp8's V is transposed, (B, H, D, N), so its box
+        is (D x keys)."""
+        v = (1, 1, cols, kv_rows) if spec.fp8 else (1, 1, kv_rows, cols)
+        return {"Q": (1, 1, q_rows, cols), "K": (1, 1, kv_rows, cols), "V": v, "O": (1, 1, q_rows, cols)}
+
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
         if params.dq_mode != "separate":
             return "dq_mode is a backward knob; the forward takes the default 'separate'"
