@@ -45,6 +45,14 @@ def no_shipped_files(tmp_path, monkeypatch):
     shipped.shipped_files.cache_clear()
 
 
+def _entry(validity, bucket, params, *, fast=False, trials=5, **extra):
+    """A stored entry: 1 ms against a default of 1.2 ms, or (``fast``) a time no study beats."""
+    from fa2gen.store.records import Entry, Measurement
+
+    m = Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0) if fast else Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
+    return Entry(validity, bucket, params, m, default_ms=1.0 if fast else 1.2, trials=trials, **extra)
+
+
 def _tune(tmp_path, buckets, trials=30, sampler="tpe", evaluator=None, resume=True, arch="sm90"):
     db = TunedDB(tmp_path / "tuned.sqlite")
     storage = open_storage(f"sqlite:///{tmp_path / 'studies.sqlite'}")
@@ -726,26 +734,16 @@ def test_tune_untuned_skips_the_buckets_that_have_an_entry(tmp_path):
 
     from fa2gen.cli import _run_tune
     from fa2gen.runtime.device import DeviceInfo
-    from fa2gen.store.records import Entry, Measurement
     from fa2gen.tuner.grid import default_buckets
 
     first, second, third = default_buckets(("bwd",))[:3]
     db = TunedDB(tmp_path / "tuned.sqlite")
     now = Validity("TEST_GPU", "9.0", triton.__version__)
     held = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")
-    m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
     db.put(
         [
-            Entry(validity=now, bucket=first, params=held, measurement=m, default_ms=1.2, trials=5),
-            Entry(
-                validity=now,
-                bucket=second,
-                params=held,
-                measurement=m,
-                default_ms=1.2,
-                trials=5,
-                code="ffffffffffffffff",
-            ),
+            _entry(now, first, held),
+            _entry(now, second, held, code="ffffffffffffffff"),
         ]
     )
     ev = CostModelEvaluator()
@@ -805,24 +803,12 @@ def test_earlier_winners_and_gluon_candidates_are_warm_starts(tmp_path):
     """After a template change the bucket's old winner is measured first, and every sm90
     forward study measures the Gluon candidates its bucket can run."""
     from fa2gen.generator.descriptors.attn_fwd_gluon import GLUON_CANDIDATES
-    from fa2gen.store.records import Entry, Measurement
     from fa2gen.tuner.space import gluon_candidates
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     old = TuningParams(block_m=32, block_n=64, num_warps=4, num_stages=4, loads="pointer")
     stale = Validity("TEST_GPU", "9.0", "3.6.0")
-    db.put(
-        [
-            Entry(
-                validity=stale,
-                bucket=B4K,
-                params=old,
-                measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
-                default_ms=1.2,
-                trials=5,
-            )
-        ]
-    )
+    db.put([_entry(stale, B4K, old)])
     # D=128: every candidate but three programs an SM (D=64 only)
     runnable = gluon_candidates(space_for("sm90"), B4K.kernel_spec(), B4K)
     assert len(runnable) == len(GLUON_CANDIDATES) - 1
@@ -837,24 +823,12 @@ def test_the_stored_entry_competes_in_the_study_and_loses_to_a_faster_point(tmp_
     """A bucket's entry under the current template (another run's, or one imported from a
     shipped file) is measured in the study; a point that beats it there replaces it, although
     the entry's own time, taken in another run, is lower than anything this run measures."""
-    from fa2gen.store.records import Entry, Measurement
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     held = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=2, loads="tma_host")
     ev = CostModelEvaluator(optimum=OPTIMUM)
     assert ev.cost_ms(B4K, held) > ev.cost_ms(B4K, OPTIMUM)
-    db.put(
-        [
-            Entry(
-                validity=VALID,
-                bucket=B4K,
-                params=held,
-                measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
-                default_ms=1.0,
-                trials=5,
-            )
-        ]
-    )
+    db.put([_entry(VALID, B4K, held, fast=True)])
     _, storage, _, [r] = _tune(tmp_path, [B4K], trials=30, evaluator=ev)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     first = [TuningParams(**t.params) for t in sorted(study.get_trials(), key=lambda t: t.number)]
@@ -867,24 +841,12 @@ def test_the_stored_entry_competes_in_the_study_and_loses_to_a_faster_point(tmp_
 def test_the_other_16_bit_dtypes_winner_is_a_warm_start(tmp_path):
     """An fp16 study measures the bf16 winner of the same bucket right after its own entry:
     with three trials nothing else would reach it. An fp8 bucket has no sibling."""
-    from fa2gen.store.records import Entry, Measurement
     from fa2gen.tuner.run import sibling_params
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     bf16 = Bucket("fwd", "bf16", 128, "causal", False, 1, 4096, 4096, 64)
     won = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=4, loads="tma_host", persistent=1, gluon=2)
-    db.put(
-        [
-            Entry(
-                validity=VALID,
-                bucket=bf16,
-                params=won,
-                measurement=Measurement(1.0, 0.9, 1.1, 100.0, 0.0),
-                default_ms=1.2,
-                trials=40,
-            )
-        ]
-    )
+    db.put([_entry(VALID, bf16, won, trials=40)])
     assert sibling_params(db, VALID, B4K) == [won]
     assert sibling_params(db, Validity("TEST_GPU", "9.0", "3.7.0"), B4K) == []
     fp8 = Bucket("fwd", "fp8e4m3", 128, "causal", False, 1, 4096, 4096, 64)
@@ -905,7 +867,6 @@ def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
     Triton tuned it (another GPU of the arch, another version): the device's own and the
     nearest version first, and one measured on code that has changed since last."""
     from fa2gen.store import shipped
-    from fa2gen.store.records import Entry, Measurement
     from fa2gen.store.yamlfile import dump
     from fa2gen.tuner.run import shipped_params
 
@@ -917,7 +878,6 @@ def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
     near = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_host")
     far = TuningParams(block_m=64, block_n=128, num_warps=4, num_stages=3, loads="tma_host")
     stale = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2, loads="pointer")
-    m = Measurement(1.0, 0.9, 1.1, 100.0, 0.0)
     files = {
         "own": (VALID, own),
         "near": (Validity("OTHER_GPU", "9.0", "3.7.1"), near),
@@ -928,7 +888,7 @@ def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
         code = "ffffffffffffffff" if name == "stale" else ""
         (root / "sm90" / f"{name}.yaml").write_text(
             dump(
-                [Entry(validity=v, bucket=B4K, params=params, measurement=m, default_ms=1.2, trials=9, code=code)],
+                [_entry(v, B4K, params, trials=9, code=code)],
                 arch="sm90",
                 fa2gen_version="0.1.0",
                 torch_version="2.11.0",
@@ -952,22 +912,10 @@ def test_shipped_entries_of_the_bucket_are_warm_starts(tmp_path, monkeypatch):
 def test_a_stored_entry_the_study_could_not_time_keeps_its_place(tmp_path):
     """Where the study never timed the stored entry's params (here they fail to compile), only
     a faster time replaces it."""
-    from fa2gen.store.records import Entry, Measurement
 
     db = TunedDB(tmp_path / "tuned.sqlite")
     held = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=3, loads="tma_device")  # "fails to compile"
-    db.put(
-        [
-            Entry(
-                validity=VALID,
-                bucket=B4K,
-                params=held,
-                measurement=Measurement(1e-6, 1e-6, 1e-6, 1e9, 0.0),
-                default_ms=1.0,
-                trials=5,
-            )
-        ]
-    )
+    db.put([_entry(VALID, B4K, held, fast=True)])
     _, storage, _, [r] = _tune(tmp_path, [B4K], trials=10)
     study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
     [trial] = [t for t in study.get_trials() if TuningParams(**t.params) == held]
