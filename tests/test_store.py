@@ -136,6 +136,11 @@ def _doc(**changes):
     return yaml.safe_dump(doc)
 
 
+def _params(**changes):
+    # a valid forward entry's params, but for ``changes``
+    return {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer", **changes}
+
+
 @pytest.mark.parametrize(
     "text,match",
     [
@@ -149,62 +154,12 @@ def _doc(**changes):
         (_doc(capability=9.0), "capability"),
         (_doc(template_hash={"fwd": "{{ evil }}"}), "template_hash"),
         (_doc(entry_bucket="fwd/fp16/d64/none/sc0/g1/q64/k64/bh64\nimport os"), "bucket"),
-        (
-            _doc(
-                entry_params={
-                    "block_m": 128,
-                    "block_n": 64,
-                    "num_warps": 4,
-                    "num_stages": 2,
-                    "loads": "tma_host\nimport os",
-                }
-            ),
-            "loads",
-        ),
-        (
-            _doc(entry_params={"block_m": 100, "block_n": 64, "num_warps": 4, "num_stages": 2, "loads": "pointer"}),
-            "block_m",
-        ),
-        (
-            _doc(
-                entry_params={
-                    "block_m": 128,
-                    "block_n": 64,
-                    "num_warps": 4,
-                    "num_stages": 2,
-                    "loads": "pointer",
-                    "extra": 1,
-                }
-            ),
-            "unknown",
-        ),
-        (
-            _doc(
-                entry_params={
-                    "block_m": 128,
-                    "block_n": 64,
-                    "num_warps": 4,
-                    "num_stages": 2,
-                    "loads": "pointer",
-                    "dq_mode": "atomic\nimport os",
-                }
-            ),
-            "dq_mode",
-        ),
+        (_doc(entry_params=_params(loads="tma_host\nimport os")), "loads"),
+        (_doc(entry_params=_params(block_m=100)), "block_m"),
+        (_doc(entry_params=_params(extra=1)), "unknown"),
+        (_doc(entry_params=_params(dq_mode="atomic\nimport os")), "dq_mode"),
         # a backward knob on a forward bucket: would not render, so it is not data we accept
-        (
-            _doc(
-                entry_params={
-                    "block_m": 128,
-                    "block_n": 64,
-                    "num_warps": 4,
-                    "num_stages": 2,
-                    "loads": "pointer",
-                    "dq_mode": "atomic",
-                }
-            ),
-            "backward knob",
-        ),
+        (_doc(entry_params=_params(dq_mode="atomic")), "backward knob"),
         (_doc(entry_median_ms=float("nan")), "median_ms"),
         (_doc(entry_median_ms=-1.0), "median_ms"),
         (_doc(entry_trials=True), "trials"),
