@@ -11,6 +11,8 @@ between them, and what each hook below answers:
 | ``tma_add`` (Gluon bulk reduction) | our builtin over the IR builder | same | ``tma.async_atomic_add`` | same |
 | descriptor fields | base, shape, strides, block_shape, [layout], padding | + round_f32_to_tf32 | same | same |
 | ``sums_in_tree()``: how a thread's values of a reduction are added | one chain | same | a tree | same |
+| ``barrier_at_first_reader()``: where the barrier owed to a loop's TMA loads goes | at the first shared-memory op (the ring's wait) | at the first matmul that reads a loaded buffer | same | same |
+| ``carried_accumulator_serialises()``: a wgmma accumulator in flight across a loop's back edge | kept in flight | ptxas serialises every wgmma (C7515) | same | same |
 | ``ptxas(arch)`` for sm90 | ``bin/ptxas`` (CUDA 12.8) | same | ``bin/ptxas`` (12.9) | ``bin/ptxas-blackwell`` (13.4): the PTX 3.9 emits is newer than 12.x's ptxas reads |
 
 The rest (launcher caches, allocator, interpreter internals, ahead-of-time sources) has
@@ -64,6 +66,24 @@ def sums_in_tree(ver: tuple[int, int] | None = None) -> bool:
     a tree rather than one chain. From 3.8 it does, and ptxas then issues a softmax block's
     exponentials back to back: the Gluon forward sums its rows itself there (``chain_sum``)."""
     return (ver or version()) >= (3, 8)
+
+
+def barrier_at_first_reader(ver: tuple[int, int] | None = None) -> bool:
+    """Whether Triton ``ver`` (default: the installed) places the barrier that its
+    shared-memory pass owes a loop's TMA loads (it counts them as writes by every thread) at
+    the next step's first matmul that reads a loaded buffer. From 3.7 it does, which in the
+    Gluon backward lands between a step's two first matmuls; 3.6 places it at the ring's
+    mbarrier wait. The backward issues that barrier itself there (``ring_barrier``)."""
+    return (ver or version()) >= (3, 7)
+
+
+def carried_accumulator_serialises(ver: tuple[int, int] | None = None) -> bool:
+    """Whether, under Triton ``ver`` (default: the installed), ptxas serialises every wgmma of a
+    Gluon kernel that keeps a wgmma accumulator in flight across a loop's back edge
+    (C7515: non-wgmma instructions define its registers within the pipeline stage). From 3.7
+    it does: the Gluon dQ kernel then waits for each step's dQ matmul within the step
+    (``dq_in_step``)."""
+    return (ver or version()) >= (3, 7)
 
 
 def _gluon_names() -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import compiled_child
 
 from fa2gen import compat
 
@@ -234,6 +235,38 @@ def test_sums_in_tree_says_how_this_triton_adds_a_threads_values(tmp_path):
     depth = int(r.stdout.split()[-1])
     assert (depth <= 16) == compat.sums_in_tree(), depth
     assert compat.sums_in_tree((3, 8)) and compat.sums_in_tree((3, 9)) and not compat.sums_in_tree((3, 7))
+
+
+_BWD_FORMS = r"""
+import json, re
+from fa2gen import compat
+from fa2gen.generator import ahead
+from fa2gen.generator.spec import KernelSpec, TuningParams
+
+# The forms the two hooks stand in for: the Gluon backward as it renders with both off
+compat.barrier_at_first_reader = compat.carried_accumulator_serialises = lambda ver=None: False
+spec = KernelSpec(direction="bwd", dtype="bf16", head_dim=128)
+kernels = dict(ahead.compiled_kernels(spec, TuningParams(64, 64, 4, 2, "tma_host", gluon=2), "sm90"))
+# dK/dV: is there a barrier between the loop's first matmul group and its second?
+ptx = kernels["attn_bwd_dkdv"].asm["ptx"]
+body = ptx[ptx.index("wgmma.commit_group"):]
+between = body[: body.index("wgmma.fence")]
+# dQ (its dQ matmul in flight across steps): does ptxas serialise the wgmmas?
+report = ahead.assemble(kernels["attn_bwd_dq"], "sm90", "/dev/null", name="attn_bwd_dq")
+print(json.dumps(["bar.sync" in between, any(x.startswith("C7515") for x in ahead.performance_losses(report))]))
+"""
+
+
+def test_the_backward_hooks_say_what_this_triton_does_to_the_gluon_backward():
+    """compat.barrier_at_first_reader and carried_accumulator_serialises, checked against what
+    the installed Triton and its ptxas make of the Gluon backward rendered without their
+    remedies: a barrier between the dK/dV loop's first two matmuls, and serialised wgmmas in
+    the dQ kernel, whose dQ matmul stays in flight across steps."""
+    barrier_between, serialised = compiled_child(_BWD_FORMS)
+    assert barrier_between == compat.barrier_at_first_reader()
+    assert serialised == compat.carried_accumulator_serialises()
+    for hook in (compat.barrier_at_first_reader, compat.carried_accumulator_serialises):
+        assert hook((3, 7)) and hook((3, 9)) and not hook((3, 6))
 
 
 def test_every_compile_and_launch_asks_for_fused_multiply_adds(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import compiled_child, gluon_cases
 
+from fa2gen import compat
 from fa2gen.generator import rendering
 from fa2gen.generator.descriptors.attn_bwd_gluon import GLUON_BWD_CANDIDATES
 from fa2gen.generator.rendering import render, template_hash
@@ -144,7 +145,7 @@ _CHILD = textwrap.dedent(r"""
     print(json.dumps(out))
 """)
 
-# The one candidate allowed to spill, by at most this much, and only outside its loops: the
+# The one candidate allowed to spill under Triton 3.6, by at most this much, and only outside its loops: the
 # causal 64 x 64 dK/dV kernel that stores dS at D=128 saves three values before its loop and
 # restores them after it. It ran 1.04-1.08x the other causal backwards on the H200 from N=4k
 # all the same, so it is kept.
@@ -181,8 +182,8 @@ def test_compiles_for_sm90_without_spills_in_loops():
             assert spill <= SPILL_ALLOWED.get((k["bucket"], k["label"], name), 0), k
             if spill:
                 spilled.add((k["bucket"], k["label"], name))
-    # (the allowance goes when the spill does)
-    assert spilled == set(SPILL_ALLOWED)
+    # (the allowance goes when the spill does; from Triton 3.7 this kernel does not spill)
+    assert spilled == (set(SPILL_ALLOWED) if compat.version() < (3, 7) else set())
 
 
 _SASS_CHILD = textwrap.dedent(r"""

@@ -144,7 +144,7 @@ def test_backward_template_header_lists_knobs():
 def test_the_gluon_forward_sums_its_rows_in_chains_where_triton_adds_a_tree():
     """compat.sums_in_tree: from 3.8 Triton adds a reduction's values in a thread as a tree, and
     the Gluon forward's softmax adds each row itself (_row_sum); 3.6 and 3.7 keep gl.sum. Only
-    that template depends on the version."""
+    that template and the Gluon backward depend on the version."""
     gluon = TuningParams(128, 128, 8, 3, "tma_host", gluon=2)
     for dtype in ("fp16", "bf16", "fp8e4m3"):
         spec = KernelSpec(dtype=dtype, head_dim=128)
@@ -157,11 +157,36 @@ def test_the_gluon_forward_sums_its_rows_in_chains_where_triton_adds_a_tree():
         ast.parse(newer)
     others = [
         (KernelSpec(dtype="bf16", head_dim=128), TuningParams(128, 64, 4, 2, "tma_host")),
-        (KernelSpec(direction="bwd", dtype="bf16", head_dim=128), TuningParams(64, 64, 4, 2, "tma_host", gluon=1)),
         (KernelSpec(direction="bwd", dtype="bf16", head_dim=64), TuningParams(64, 64, 4, 2, "tma_host")),
     ]
     for spec, params in others:
         assert render(spec, params, name="x", triton="3.6.0") == render(spec, params, name="x", triton="3.9.0")
+
+
+def test_the_gluon_backward_places_its_ring_barrier_and_waits_for_dq_as_this_triton_needs():
+    """From 3.7 (compat.barrier_at_first_reader, carried_accumulator_serialises) the Gluon
+    backward issues the barrier owed to a step's loads before the ring's wait, and its dQ
+    kernel waits for each step's dQ matmul within the step; 3.6 renders as before."""
+    spec = KernelSpec(direction="bwd", dtype="bf16", head_dim=128, mask="causal")
+    for params in (
+        TuningParams(64, 64, 4, 2, "tma_host", gluon=2),
+        TuningParams(64, 64, 4, 2, "tma_host", dq_mode="matmul", gluon=1),
+    ):
+        older = render(spec, params, name="x", triton="3.6.0")
+        newer = render(spec, params, name="x", triton="3.7.1")
+        assert render(spec, params, name="x", triton="3.9.0") == newer
+        ring_wait = "        mbarrier.wait(bars.index(slot), (t // STAGES) & 1)"
+        loops = 2 if params.gluon == 2 else 1  # dK/dV's loop, and the dQ kernel's
+        assert newer.count("barrier()  # the one Triton owes the last step's loads") == loops
+        assert older.count("the one Triton owes") == 0
+        for text in (older, newer):
+            ast.parse(text)
+            assert text.count(ring_wait) == loops
+        in_flight = "dq = warpgroup_mma_init("
+        assert (in_flight in older, in_flight in newer) == ((params.gluon == 2), False)
+    # the one pass has no ring of this shape: the same under every version
+    atomic = TuningParams(128, 64, 8, 2, "tma_host", dq_mode="atomic", gluon=1)
+    assert render(spec, atomic, name="x", triton="3.6.0") == render(spec, atomic, name="x", triton="3.9.0")
 
 
 def test_each_descriptor_gives_its_template_exactly_the_variables_it_reads():

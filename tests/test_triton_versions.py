@@ -98,12 +98,17 @@ def test_every_default_and_shipped_config_compiles_for_sm90(other, tmp_path):
     assert summary["variants"] == len(variants("sm90", gluon_only=gluon_only)) >= (40 if gluon_only else 100)
 
 
-# The compatibility hooks, rendering, and the kernels' checks against the reference under the
-# interpreter (about 430 tests, 2 minutes): the forward's on odd shapes along each load path,
-# the backward's and fp8's. Under the older others, the compatibility hooks alone.
+# The compatibility hooks, rendering, the Gluon kernels' sm90 compiles (spills, ptxas's
+# performance notes, exponentials under a matmul), and the kernels' checks against the
+# reference under the interpreter (about 430 tests, 4 minutes): the forward's on odd shapes
+# along each load path, the backward's and fp8's. Under the older others, the compatibility
+# hooks alone.
 _SAMPLE = [
     "tests/test_compat.py",
     "tests/test_render.py",
+    "tests/test_gluon_forward.py::test_compiles_for_sm90_without_spills",
+    "tests/test_gluon_backward.py::test_compiles_for_sm90_without_spills_in_loops",
+    "tests/test_gluon_backward.py::test_the_gluon_kernels_run_their_exponentials_under_a_matmul",
     "tests/test_forward_interpreter.py::test_forward_matches_reference",
     "tests/test_forward_interpreter.py::test_rows_without_keys_are_zero_with_neg_inf_lse",
     "tests/test_backward_interpreter.py",

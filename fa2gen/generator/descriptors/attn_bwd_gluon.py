@@ -3,6 +3,7 @@ matmul); its delta and dQ passes come from attn_bwd.py.jinja (``spec.triton_part
 
 from __future__ import annotations
 
+from ... import compat
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, TuningParams
 from .base import BackwardTemplate, Kernel
 
@@ -36,7 +37,15 @@ class AttnBwdGluon(BackwardTemplate):
     gluon = (1, 2)
 
     def flags(self, spec, params, triton):
-        return {"mask": spec.mask}
+        return {
+            "mask": spec.mask,
+            # the barrier owed to a step's TMA loads at the next step's ring wait, where Triton
+            # would put it between that step's first two matmuls
+            "ring_barrier": compat.barrier_at_first_reader(triton),
+            # the dQ kernel's dQ matmul waited for within each step, where keeping it in flight
+            # across steps would serialise every wgmma
+            "dq_in_step": compat.carried_accumulator_serialises(triton),
+        }
 
     def unsupported(self, spec, params):
         why = super().unsupported(spec, params)
