@@ -12,6 +12,7 @@ from helpers import compiled_child, gluon_cases
 
 from fa2gen import compat
 from fa2gen.generator import rendering
+from fa2gen.generator.descriptors import attn_bwd_gluon
 from fa2gen.generator.descriptors.attn_bwd_gluon import GLUON_BWD_CANDIDATES
 from fa2gen.generator.rendering import render, template_hash
 from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
@@ -467,13 +468,12 @@ class _MathKernels(_Kernels):
     compute, in fp32 torch on the tensors under their descriptors; the dK/dV one writes dS^T
     only where the real one does (under a causal mask, not the query blocks before a key
     block's first, but zeros from the start of the BAND holding it) and the dQ one reads only
-    what the real one reads (per DS_ROWS queries, the key blocks its last query sees), so that
+    what the real one reads (per DS_ROWS queries, its DST box's columns: the key blocks its last query sees), so that
     the host side of dq_mode matmul (chunks, slices, scratch, BAND, strides) is checked against
     a reference for real: a read of a tile nothing wrote is NaN."""
 
-    def __init__(self, chunks, ds_rows):
+    def __init__(self, chunks):
         self.chunks = chunks
-        self.DS_ROWS = ds_rows
 
     def launched(self, name, grid, args, kw):
         getattr(self, "_" + name)(self.chunks, grid, *args, **kw)
@@ -553,7 +553,8 @@ def test_dq_mode_matmul_sums_dq_from_the_stored_ds_in_chunks(monkeypatch, causal
     from fa2gen.runtime.problem import make_problem
 
     seen = type("Chunks", (list,), {"causal": causal})()
-    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen, ds_rows))
+    monkeypatch.setattr(bwd, "load_module", lambda spec, params: _MathKernels(seen))
+    monkeypatch.setattr(attn_bwd_gluon, "DS_ROWS", ds_rows)
     monkeypatch.setattr(launch, "gluon_device_ready", lambda *a, **kw: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     g = torch.Generator().manual_seed(7)

@@ -108,15 +108,12 @@ def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str)
     """(constexprs, signature) of a Gluon kernel of ``module`` as an ahead-of-time compile
     sees it: its host descriptors' types carry their boxes and shared-memory layouts, which
     the launch's descriptors must match (runtime.backward, runtime.launch)."""
-    from .gluon import backward_boxes, descriptor_layout
+    from .gluon import descriptor_layout
 
     fn = getattr(module, kernel)
     own = next(k for k in template_of(spec, params).kernels(spec, params) if k.name == kernel)
     constexprs = {**own.constexprs, "num_warps": module.LAUNCH["num_warps"]}
-    if spec.direction == "fwd":
-        boxes = {name: list(box) for name, box in own.boxes.items()}
-    else:
-        boxes = backward_boxes(spec, params, kernel, getattr(module, "DS_ROWS", 0))
+    boxes = {name: list(box) for name, box in own.boxes.items()}
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:

@@ -8,7 +8,8 @@ import torch
 
 from .. import compat
 from ..generator.cache import interpreting, load_module
-from ..generator.spec import PASS_WARPS, TMA_LOADS, TuningParams, pass_rows, triton_part
+from ..generator.descriptors import plan
+from ..generator.spec import TMA_LOADS, TuningParams, triton_part
 from . import direct
 from .launch import (
     GRID_Y_MAX,
@@ -71,12 +72,10 @@ class BackwardLaunch:
         "ds_chunks",
         "modules",
         "scalars",
-        "dims",
-        "launch",
-        "passes",
+        "kernels",
         "rows",
         "grids",
-        "boxes",
+        "layouts",
         "_fallback",
         "_gluon_devices",
         "_direct",
@@ -100,6 +99,9 @@ class BackwardLaunch:
         # (gluon=1, dq_mode atomic: the Gluon dK/dV kernel adds dQ; the Triton module's store
         # pass scales and casts the sums)
         self.dq_add = params.gluon == 1 and params.dq_mode == "atomic"
+        # every kernel the variant runs, by name, with its constexprs, launch options (a Gluon
+        # kernel's: its module's LAUNCH) and descriptor boxes
+        self.kernels = {kernel.name: kernel for _, kernel in plan(spec, params)}
         self.params = params = triton_part(params) if params.gluon else params
         self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
@@ -113,10 +115,7 @@ class BackwardLaunch:
         b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
         left, right = window_extents(problem)
         self.scalars = (problem.sm_scale, problem.softcap, left, right)
-        self.dims = dict(HEAD_DIM=problem.head_dim, HEAD_DIM_PAD=spec.head_dim_padded)
-        self.launch = dict(num_warps=params.num_warps, num_stages=params.num_stages)
-        self.passes = dict(num_warps=PASS_WARPS, num_stages=1)
-        self.rows = rows = pass_rows(spec)
+        self.rows = rows = self.kernels["attn_bwd_delta"].constexprs["BLOCK"]
         outer = params.block_m
         self.grids = dict(
             delta=(-(-nq // rows) * b * hq,),
@@ -125,29 +124,24 @@ class BackwardLaunch:
             gluon_dkdv=(-(-nk // outer), b * hkv),
             gluon_dq=(-(-nq // outer), b * hq),
         )
-        # Each Gluon kernel's (box, layout) per descriptor, in its argument order. Layouts
+        # Each Gluon kernel's (box, layout) per descriptor argument, in argument order. Layouts
         # are part of a Gluon descriptor's type: built once here, not per call.
-        self.boxes = {}
+        self.layouts = {}
         if self.gluon is not None:
-            from ..generator.gluon import backward_boxes, descriptor_dtype, descriptor_layout
+            from ..generator.gluon import descriptor_dtype, descriptor_layout
 
-            kernels = {
-                "attn_bwd_dkdv": ("Q", "K", "V", "DO", "DK", "DV")
-                + (("DST",) if self.ds_matmul else ())
-                + (("DQACC",) if self.dq_add else ())
-            }
-            if self.gluon.gluon == 2:
-                kernels["attn_bwd_dq"] = ("Q", "K", "V", "DO", "DQ")
-            for kernel, names in kernels.items():
-                boxes = backward_boxes(spec, self.gluon, kernel)
-                self.boxes[kernel] = tuple(
-                    (boxes[n], descriptor_layout(boxes[n], descriptor_dtype(spec, n))) for n in names
-                )
+            for kernel in self.kernels.values():
+                if kernel.options is None:  # (a Gluon kernel)
+                    self.layouts[kernel.name] = {
+                        n: (list(box), descriptor_layout(box, descriptor_dtype(spec, n)))
+                        for n, box in kernel.boxes.items()
+                    }
 
-    def _dkdv_ds_matmul(self, run, module, shape, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv) -> None:
+    def _dkdv_ds_matmul(self, run, module, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv) -> None:
         """One chunk of dq_mode matmul: batches ``bs``, k/v heads ``hs``. The Gluon dK/dV kernel
         writes dK, dV and sm_scale * dS^T into a (B, Hq, Nk, Nq) scratch, then the module's
-        attn_bwd_dq_ds computes dQ = dS K from it, DS_ROWS queries a program."""
+        attn_bwd_dq_ds computes dQ = dS K from it, DS_ROWS queries a program (its DST box's
+        columns)."""
         problem = self.problem
         g, nq, nk = problem.group, problem.seqlen_q, problem.seqlen_k
         qs = slice(hs.start * g, hs.stop * g)  # the chunk's query heads
@@ -157,13 +151,21 @@ class BackwardLaunch:
         # that share a dQ program's DS_ROWS queries with that block (BAND): dQ's kernel reads
         # each key block its last query sees, over all of its queries.
         scratch = torch.empty((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
-        tensors = (q[bs, qs], k[bs, hs], v[bs, hs], dout[bs, qs], dk[bs, hs], dv[bs, hs], scratch)
+        tensors = dict(
+            Q=q[bs, qs], K=k[bs, hs], V=v[bs, hs], DO=dout[bs, qs], DK=dk[bs, hs], DV=dv[bs, hs], DST=scratch
+        )
         # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
         # is contiguous too, as the kernel's offsets assume.)
-        args = [gluon_descriptor(t, box, layout) for t, (box, layout) in zip(tensors, self.boxes["attn_bwd_dkdv"])]
+        descs = self._gluon_descriptors("attn_bwd_dkdv", tensors)
+        args = descs.values()
         grid = (-(-nk // self.gluon.block_m), nb * nh)
+        (ds_box, ds_layout), (k_box, k_layout) = self.layouts["attn_bwd_dq_ds"].values()
+        ds_rows = ds_box[3]
+        # (K's box is the dK/dV kernel's: its descriptor serves both)
+        k_desc = descs["K"] if k_box == self.layouts["attn_bwd_dkdv"]["K"][0] else None
         run(
-            module.attn_bwd_dkdv,
+            module,
+            "attn_bwd_dkdv",
             grid,
             *args,
             lse[bs, qs],
@@ -173,27 +175,24 @@ class BackwardLaunch:
             nq,
             nk,
             problem.sm_scale,
-            module.DS_ROWS,
-            key=(id(module.attn_bwd_dkdv), grid),
-            **shape,
+            ds_rows,  # BAND
+            key=("attn_bwd_dkdv", grid),
         )
-        (ds_box, ds_layout), _ = self.boxes["attn_bwd_dq_ds"]  # (K's box is the dK/dV kernel's)
         rows = dq[bs, qs]
-        grid = (-(-nq // module.DS_ROWS), nb * nh * g)
+        grid = (-(-nq // ds_rows), nb * nh * g)
         run(
-            module.attn_bwd_dq_ds,
+            module,
+            "attn_bwd_dq_ds",
             grid,
             gluon_descriptor(scratch, ds_box, ds_layout),
-            args[1],
+            k_desc or gluon_descriptor(tensors["K"], k_box, k_layout),
             rows,
             *rows.stride()[:3],
             nh * g,
             g,
             nq,
             nk,
-            HEAD_DIM=problem.head_dim,
-            launch=module.LAUNCH,
-            key=(id(module.attn_bwd_dq_ds), grid),
+            key=("attn_bwd_dq_ds", grid),
         )
 
     def fallback(self) -> "BackwardLaunch":
@@ -221,13 +220,6 @@ class BackwardLaunch:
             modules = (load_module(self.spec, self.params),)
             if self.gluon is not None:
                 modules += (load_module(self.spec, self.gluon),)
-            if self.ds_matmul:  # dQ's kernel takes its module's DS_ROWS queries a program
-                from ..generator.gluon import backward_boxes, descriptor_layout
-
-                boxes = backward_boxes(self.spec, self.gluon, "attn_bwd_dq_ds", modules[1].DS_ROWS)
-                self.boxes["attn_bwd_dq_ds"] = tuple(
-                    (boxes[n], descriptor_layout(boxes[n], self.spec.dtype)) for n in ("DST", "K")
-                )
             self.modules = modules
         return self.modules
 
@@ -250,65 +242,49 @@ class BackwardLaunch:
             return dq, dk, dv
         return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
 
+    def _gluon_descriptors(self, kernel: str, tensors: dict) -> dict:
+        """A Gluon kernel's descriptors over ``tensors``, by argument, in argument order."""
+        return {n: gluon_descriptor(tensors[n], box, layout) for n, (box, layout) in self.layouts[kernel].items()}
+
     def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool):
         if not self._runs_here(q, k, v, dout, dq, dk, dv):
             return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
         modules = self._load()
         module = modules[0]
-        problem, params, grids, dims = self.problem, self.params, self.grids, self.dims
+        problem, params, grids, kernels = self.problem, self.params, self.grids, self.kernels
         b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
-        dp = self.spec.head_dim_padded
         lse = lse.contiguous()
         delta = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
 
-        def run(kernel, grid, *args, launch=self.launch, key=None, **constexprs):
+        def run(module, name, grid, *args, key=None):
+            # constexprs and launch options as the kernel's descriptor gives them (a Gluon
+            # kernel's options: its module's LAUNCH)
+            fn, kernel = getattr(module, name), kernels[name]
+            options = {**kernel.constexprs, **(kernel.options or module.LAUNCH)}
             if compile_only:
-                direct.warmup(kernel, grid, args, {**constexprs, **launch})
+                direct.warmup(fn, grid, args, options)
             else:  # (a kept launcher keeps its grid: ``key`` names one per grid where it varies)
-                direct.launch(self._direct, key or id(kernel), kernel, grid, args, {**constexprs, **launch})
+                direct.launch(self._direct, key or name, fn, grid, args, options)
 
-        run(
-            module.attn_bwd_delta,
-            grids["delta"],
-            out,
-            dout,
-            delta,
-            *out.stride()[:3],
-            *dout.stride()[:3],
-            hq,
-            nq,
-            BLOCK=self.rows,
-            launch=self.passes,
-            **dims,
-        )
-        tiles = dict(OUTER=params.block_m, INNER=params.block_n, **dims)
-        outer, inner = params.block_m, params.block_n
-        tile = (lambda t, rows: host_descriptor(t, rows, dp)) if self.descriptors else (lambda t, rows: t)
+        run(module, "attn_bwd_delta", grids["delta"], out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq)
         if self.atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
             dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
         if self.gluon is not None:  # its descriptors carry a layout (part of a Gluon kernel's type)
-            gluon_module, boxes = modules[1], self.boxes
-            shape = dict(
-                HEAD_DIM=problem.head_dim,
-                OUTER=self.gluon.block_m,
-                INNER=self.gluon.block_n,
-                STAGES=self.gluon.num_stages,
-                launch=gluon_module.LAUNCH,
-            )
+            gluon_module = modules[1]
             if self.ds_matmul:
                 # (compiling only: the first chunk's launches are the call's specialisation)
                 for bs, hs in self.ds_chunks[: 1 if compile_only else None]:
-                    self._dkdv_ds_matmul(run, gluon_module, shape, bs, hs, q, k, v, dout, lse, delta, dq, dk, dv)
+                    self._dkdv_ds_matmul(run, gluon_module, bs, hs, q, k, v, dout, lse, delta, dq, dk, dv)
                 return dq, dk, dv
+            tensors = dict(Q=q, K=k, V=v, DO=dout, DK=dk, DV=dv, DQ=dq)
+            if self.dq_add:
+                tensors["DQACC"] = dq_acc
+            descs = self._gluon_descriptors("attn_bwd_dkdv", tensors).values()
             run(
-                gluon_module.attn_bwd_dkdv,
+                gluon_module,
+                "attn_bwd_dkdv",
                 grids["gluon_dkdv"],
-                *[
-                    gluon_descriptor(t, box, layout)
-                    for t, (box, layout) in zip(
-                        (q, k, v, dout, dk, dv) + ((dq_acc,) if self.dq_add else ()), boxes["attn_bwd_dkdv"]
-                    )
-                ],
+                *descs,
                 lse,
                 delta,
                 hkv,
@@ -316,16 +292,14 @@ class BackwardLaunch:
                 nq,
                 nk,
                 problem.sm_scale,
-                **shape,
             )
             if self.gluon.gluon == 2:
+                descs = self._gluon_descriptors("attn_bwd_dq", tensors).values()
                 run(
-                    gluon_module.attn_bwd_dq,
+                    gluon_module,
+                    "attn_bwd_dq",
                     grids["gluon_dq"],
-                    *[
-                        gluon_descriptor(t, box, layout)
-                        for t, (box, layout) in zip((q, k, v, dout, dq), boxes["attn_bwd_dq"])
-                    ],
+                    *descs,
                     lse,
                     delta,
                     hq,
@@ -333,24 +307,29 @@ class BackwardLaunch:
                     nq,
                     nk,
                     problem.sm_scale,
-                    **shape,
                 )
                 return dq, dk, dv
         else:
+            boxes = kernels["attn_bwd_dkdv"].boxes
+
+            def tile(t, name):  # (loads=tma_host: a host descriptor of the kernel's box)
+                return host_descriptor(t, *boxes[name][2:]) if self.descriptors else t
+
             dkdv_args = (
-                tile(q, inner),
-                tile(k, outer),
-                tile(v, outer),
-                tile(dout, inner),
+                tile(q, "Q"),
+                tile(k, "K"),
+                tile(v, "V"),
+                tile(dout, "DO"),
                 lse,
                 delta,
-                tile(dk, outer),
-                tile(dv, outer),
+                tile(dk, "DK"),
+                tile(dv, "DV"),
             )
             if self.atomic:
-                dkdv_args += (host_descriptor(dq_acc, inner, dp) if params.dq_mode == "tma_reduce" else dq_acc,)
+                dkdv_args += (tile(dq_acc, "DQACC") if params.dq_mode == "tma_reduce" else dq_acc,)
             run(
-                module.attn_bwd_dkdv,
+                module,
+                "attn_bwd_dkdv",
                 grids["dkdv"],
                 *dkdv_args,
                 *q.stride()[:3],
@@ -364,33 +343,26 @@ class BackwardLaunch:
                 nq,
                 nk,
                 *self.scalars,
-                **tiles,
             )
         if self.atomic:
-            run(
-                module.attn_bwd_dq_store,
-                grids["delta"],
-                dq_acc,
-                dq,
-                *dq.stride()[:3],
-                hq,
-                nq,
-                problem.sm_scale,
-                BLOCK=self.rows,
-                launch=self.passes,
-                **dims,
-            )
+            run(module, "attn_bwd_dq_store", grids["delta"], dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale)
             return dq, dk, dv
+        boxes = kernels["attn_bwd_dq"].boxes
+
+        def tile(t, name):
+            return host_descriptor(t, *boxes[name][2:]) if self.descriptors else t
+
         run(
-            module.attn_bwd_dq,
+            module,
+            "attn_bwd_dq",
             grids["dq"],
-            tile(q, outer),
-            tile(k, inner),
-            tile(v, inner),
-            tile(dout, outer),
+            tile(q, "Q"),
+            tile(k, "K"),
+            tile(v, "V"),
+            tile(dout, "DO"),
             lse,
             delta,
-            tile(dq, outer),
+            tile(dq, "DQ"),
             *q.stride()[:3],
             *k.stride()[:3],
             *v.stride()[:3],
@@ -401,7 +373,6 @@ class BackwardLaunch:
             nq,
             nk,
             *self.scalars,
-            **tiles,
         )
         return dq, dk, dv
 

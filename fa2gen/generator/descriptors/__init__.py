@@ -2,9 +2,10 @@
 renders, the rules for which specs and params it renders, its Jinja variables, its kernels with
 their constexprs, options and descriptor boxes, its shared memory, and the tuner's candidates
 and prunes).
-spec.unsupported, rendering, identity, arch.smem_estimate, ahead, the forward's launch and
+spec.unsupported, rendering, identity, arch.smem_estimate, ahead, both directions' launches and
 tuner.space ask the descriptor of a variant's template (``template_of``, ``parts``, ``plan``)
-rather than knowing the templates themselves. (The backward's launch does not yet.)"""
+rather than knowing the templates themselves. (The launches still order each kernel's
+arguments themselves.)"""
 
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, TuningParams
 from .base import BackwardTemplate, Kernel
 
 GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
+# dq_mode matmul's dQ kernel (attn_bwd_dq_ds): queries a program, its dS^T box's columns; under a
+# causal mask also the band (BAND) in which the dK/dV kernel stores zero tiles
+DS_ROWS = 128
 
 
 # The backward's Gluon kernels. gluon=1, the dK/dV kernel (delta and dQ stay Triton's, with
@@ -39,6 +42,7 @@ class AttnBwdGluon(BackwardTemplate):
     def flags(self, spec, params, triton):
         return {
             "mask": spec.mask,
+            "ds_rows": DS_ROWS,
             # the barrier owed to a step's TMA loads at the next step's ring wait, where Triton
             # would put it between that step's first two matmuls
             "ring_barrier": compat.barrier_at_first_reader(triton),
@@ -91,18 +95,29 @@ class AttnBwdGluon(BackwardTemplate):
     def kernels(self, spec, params):
         """dK/dV; with gluon=2 the dQ kernel; with dq_mode matmul the kernel that computes dQ
         from the stored dS (in place of the Triton template's dQ kernel, whose tiles come from
-        its descriptors' boxes). Delta and the others come from the Triton template."""
-        tiles = {
-            "HEAD_DIM": spec.head_dim,
-            "OUTER": params.block_m,
-            "INNER": params.block_n,
-            "STAGES": params.num_stages,
-        }
-        dkdv = Kernel("attn_bwd_dkdv", tiles, replaces="attn_bwd_dkdv")
-        if params.gluon == 2:
-            return (dkdv, Kernel("attn_bwd_dq", tiles, replaces="attn_bwd_dq"))
+        its descriptors' boxes). Delta and the others come from the Triton template.
+
+        Boxes, in argument order: block_m rows of what a program owns (dK/dV: K, V, DK, DV;
+        dQ: Q, DO, DQ), half of them with dq_mode atomic (each of the one pass's two compute
+        partitions owns half the keys), block_n rows of what a step takes; DST (matmul) a
+        step's dS^T, block_m keys by block_n queries; DQACC (atomic) a step's fp32 dQ, block_n
+        queries. attn_bwd_dq_ds reads the same keys a step, block_m, by DS_ROWS queries, of dS^T
+        and K."""
+        d, m, n = spec.head_dim, params.block_m, params.block_n
+        tiles = {"HEAD_DIM": d, "OUTER": m, "INNER": n, "STAGES": params.num_stages}
+        rows = m // 2 if params.dq_mode == "atomic" else m
+        boxes = {t: (1, 1, rows if t in ("K", "V", "DK", "DV") else n, d) for t in ("Q", "K", "V", "DO", "DK", "DV")}
         if params.dq_mode == "matmul":
-            return (dkdv, Kernel("attn_bwd_dq_ds", {"HEAD_DIM": spec.head_dim}, replaces="attn_bwd_dq"))
+            boxes["DST"] = (1, 1, m, n)
+        if params.dq_mode == "atomic":
+            boxes["DQACC"] = (1, 1, n, d)
+        dkdv = Kernel("attn_bwd_dkdv", tiles, boxes=boxes, replaces="attn_bwd_dkdv")
+        if params.gluon == 2:
+            boxes = {t: (1, 1, m if t in ("Q", "DO", "DQ") else n, d) for t in ("Q", "K", "V", "DO", "DQ")}
+            return (dkdv, Kernel("attn_bwd_dq", tiles, boxes=boxes, replaces="attn_bwd_dq"))
+        if params.dq_mode == "matmul":
+            boxes = {"DST": (1, 1, m, DS_ROWS), "K": (1, 1, m, d)}
+            return (dkdv, Kernel("attn_bwd_dq_ds", {"HEAD_DIM": d}, boxes=boxes, replaces="attn_bwd_dq"))
         return (dkdv,)
 
     def candidates(self, spec):

@@ -12,8 +12,8 @@ from ..spec import KernelSpec, TuningParams
 class Kernel:
     """One kernel of a rendered module: its name, the constexpr values a launch binds, and a
     Triton kernel's launch options (None: a Gluon kernel's, its module's ``LAUNCH``).
-    ``boxes``: the 4-D box of each host descriptor it takes, by argument (a Triton kernel
-    takes them with loads=tma_host; the Gluon backward's are ``gluon.backward_boxes``).
+    ``boxes``: the 4-D box of each host descriptor it takes, by argument, in argument order
+    (a Triton kernel takes them with loads=tma_host).
     ``replaces``: the kernel of the Triton template it stands in for (the Gluon backward's)."""
 
     name: str
