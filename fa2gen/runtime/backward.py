@@ -260,7 +260,7 @@ class BackwardLaunch:
             # constexprs and launch options as the kernel's descriptor gives them (a Gluon
             # kernel's options: its module's LAUNCH)
             fn, kernel = getattr(module, name), kernels[name]
-            options = {**kernel.constexprs, **(kernel.options or module.LAUNCH)}
+            options = {**kernel.constexprs, **(module.LAUNCH if kernel.options is None else kernel.options)}
             if compile_only:
                 direct.warmup(fn, grid, args, options)
             else:  # (a kept launcher keeps its grid: ``key`` names one per grid where it varies)
