@@ -30,6 +30,18 @@ def _choices(text: str, allowed, option: str) -> list[str]:
     return values
 
 
+def _knob_values(texts: list[str]) -> dict:
+    """--knob NAME=VALUE options as keyword values (integers where the text is one); whether
+    each names a declared knob and one of its values is TuningParams' to say."""
+    values = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"expected NAME=VALUE, got {text!r}", param_hint="--knob")
+        values[name] = int(value) if value.lstrip("-").isdigit() else value
+    return values
+
+
 @app.command()
 def generate(
     direction: Annotated[str, typer.Option(help="fwd, or bwd (delta, dK/dV and dQ kernels)")] = "fwd",
@@ -65,6 +77,13 @@ def generate(
             "kernel, 2, the Gluon dK/dV and dQ kernels (with --loads tma_host)"
         ),
     ] = 0,
+    knob: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="NAME=VALUE: a knob a template declares beyond the options above (descriptors.Knob), "
+            "repeatable; `fa2gen info` lists them"
+        ),
+    ] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write to a file instead of stdout")] = None,
     compile_for: Annotated[
         Optional[str],
@@ -88,7 +107,7 @@ def generate(
             dq_mode=dq_mode,
             persistent=persistent,
             gluon=gluon,
-        )
+        ).replace(**_knob_values(knob or []))
         variant = Variant(spec, params)
         source = render(spec, params, name=variant.name)
     except SpecError as e:
@@ -140,6 +159,7 @@ def info(
 
     from . import __version__
     from .generator.cache import interpreting
+    from .generator.descriptors import template_knobs
     from .paths import kernel_cache_dir
     from .runtime.device import cuda_device_info
     from .runtime.dispatch import explain
@@ -151,6 +171,15 @@ def info(
     typer.echo(f"kernel cache: {kernel_cache_dir()}")
     typer.echo(f"tuned database: {default_db_path()}")
     typer.echo(f"shipped configs: {shipped_root()}")
+    knobs = template_knobs()
+    typer.echo(
+        "template knobs: "
+        + (
+            "none"
+            if not knobs
+            else "; ".join(f"{n} {k.values} default {k.default!r} ({t.file})" for n, (k, t) in knobs.items())
+        )
+    )
     dev = None
     if torch.cuda.is_available():
         dev = cuda_device_info(torch.cuda.current_device())

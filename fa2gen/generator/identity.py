@@ -67,6 +67,7 @@ class Variant:
             parts.append(f"persistent{p.persistent}")
         if p.gluon:
             parts.append(f"gluon{p.gluon}")
+        parts += [f"{k}{v}" for k, v in p.extra]  # a template's own knobs off their default
         parts.append(self.digest)
         return "_".join(parts)
 

@@ -152,6 +152,10 @@ class TuningParams:
     dq_mode: str = "separate"
     persistent: int = 0
     gluon: int = 0
+    # The knobs a template declares beyond these (``descriptors.Knob``), as sorted (name,
+    # value) pairs, those at their default left out: read as attributes (``params.name``),
+    # written as keys of their own by ``to_dict``.
+    extra: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         _check_choice("TuningParams", "block_m", self.block_m, BLOCK_SIZES)
@@ -162,24 +166,75 @@ class TuningParams:
         _check_choice("TuningParams", "dq_mode", self.dq_mode, DQ_MODES)
         _check_choice("TuningParams", "persistent", self.persistent, PERSISTENT)
         _check_choice("TuningParams", "gluon", self.gluon, GLUON)
+        if self.extra:
+            object.__setattr__(self, "extra", _checked_extra(self.extra))
+
+    def __getattr__(self, name: str) -> Any:
+        # (only for names that are not fields: a template's own knobs)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        knob = _knobs().get(name)
+        if knob is None:
+            raise AttributeError(f"TuningParams has no knob {name!r}")
+        return dict(self.extra).get(name, knob[0].default)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TuningParams":
+        if isinstance(data, Mapping) and "extra" in data:  # (a file names each knob itself)
+            raise SpecError("TuningParams: unknown field(s) ['extra']")
+        if isinstance(data, Mapping):
+            core = {f.name for f in fields(cls)}
+            extra = tuple((k, v) for k, v in data.items() if k not in core)
+            if extra and all(isinstance(k, str) and k in _knobs() for k, _ in extra):
+                data = {**{k: v for k, v in data.items() if k in core}, "extra": extra}
         return _from_dict(cls, data)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        del data["extra"]
+        return {**data, **dict(self.extra)}
 
     def replace(self, **changes: Any) -> "TuningParams":
+        core = {f.name for f in fields(self)}
+        knobs = {k: v for k, v in changes.items() if k not in core}
+        if knobs:
+            changes = {k: v for k, v in changes.items() if k in core}
+            changes["extra"] = tuple({**dict(self.extra), **knobs}.items())
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
         """Short form for tables: "m128 n32 w8 s3 pointer", plus " dq-atomic", " persistent2"
-        or " gluon2" (say) when set."""
+        or " gluon2" (say) when set, and a template knob off its default as " name=value"."""
         text = f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} {self.loads}"
         text += "" if self.dq_mode == "separate" else f" dq-{self.dq_mode}"
         text += f" persistent{self.persistent}" if self.persistent else ""
-        return text + (f" gluon{self.gluon}" if self.gluon else "")
+        text += f" gluon{self.gluon}" if self.gluon else ""
+        return text + "".join(f" {k}={v}" for k, v in self.extra)
+
+
+def _knobs() -> dict:
+    from .descriptors import template_knobs  # the descriptors build on this module
+
+    return template_knobs()
+
+
+def _checked_extra(extra) -> tuple[tuple[str, Any], ...]:
+    """``extra`` as TuningParams keeps it: each a declared knob with one of its values, sorted,
+    those at their default dropped."""
+    knobs = _knobs()
+    try:
+        pairs = dict(extra)
+    except (TypeError, ValueError):
+        raise SpecError(f"TuningParams.extra: expected (name, value) pairs, got {extra!r:.80}") from None
+    kept = []
+    for name, value in sorted(pairs.items(), key=lambda kv: str(kv[0])):
+        if name not in knobs:
+            raise SpecError(f"TuningParams: unknown knob {name!r}; templates declare {sorted(knobs)}")
+        knob = knobs[name][0]
+        _check_choice("TuningParams", name, value, knob.values)
+        if value != knob.default:
+            kept.append((name, value))
+    return tuple(kept)
 
 
 # The backward's memory-bound passes (delta = rowsum(dO * O), and the atomic path's dQ

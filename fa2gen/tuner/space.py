@@ -7,7 +7,7 @@ reason, so the sampler learns to avoid it (failed trials would be proposed again
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ..generator.arch import ARCHES, fits
 from ..generator.descriptors import direction_templates, template_of
@@ -28,9 +28,16 @@ class SearchSpace:
     dq_mode: tuple[str, ...] = ("separate",)  # the backward's; the forward has one choice
     persistent: tuple[int, ...] = (0,)  # the forward's programs per SM; 0: one per tile
     gluon: tuple[int, ...] = (0,)  # the forward's Gluon compute partitions; 0: the Triton template
+    # the templates' own knobs this arch searches, (name, values) (``descriptors.Knob``)
+    extra: tuple[tuple[str, tuple], ...] = ()
 
     def choices(self) -> dict[str, tuple]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "arch"}
+        core = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("arch", "extra")}
+        return {**core, **dict(self.extra)}
+
+    def point(self, params: TuningParams) -> dict:
+        """``params`` as a study's trial holds it: a value for every knob of the space."""
+        return {name: getattr(params, name) for name in self.choices()}
 
     def size(self) -> int:
         n = 1
@@ -139,6 +146,7 @@ def local_moves(space: SearchSpace, params: TuningParams) -> list[TuningParams]:
     value of the unordered ones. Ordered by knob as the H200's backward winners differ most
     from one bucket to the next: loop step, stages, load path, warps, then owned rows."""
     order = ["block_n", "num_stages", "loads", "num_warps", "block_m", "dq_mode", "persistent", "gluon"]
+    order += [name for name, _ in space.extra]
     moves = []
     for name in order:
         values = space.choices()[name]
@@ -162,4 +170,9 @@ def space_for(arch: str, direction: str = "fwd") -> SearchSpace:
     if arch not in SPACES:
         raise ValueError(f"--arch: no search space for {arch!r}; choose from {', '.join(SPACES)}")
     assert arch in ARCHES
-    return BWD_SPACES[arch] if direction == "bwd" else SPACES[arch]
+    space = BWD_SPACES[arch] if direction == "bwd" else SPACES[arch]
+    # with the knobs of the direction's templates that this arch searches
+    extra = tuple(
+        (k.name, k.searched[arch]) for t in direction_templates(direction) for k in t.knobs if arch in k.searched
+    )
+    return replace(space, extra=extra) if extra else space

@@ -217,7 +217,7 @@ def tune_bucket(
     ]
     for p in ([default] if default else []) + list(warm_start) + undecided:
         if space.contains(p) and p not in seen and p not in queued:
-            study.enqueue_trial(p.to_dict())
+            study.enqueue_trial(space.point(p))
             queued.add(p)
     distributions = {
         name: optuna.distributions.CategoricalDistribution(values) for name, values in space.choices().items()
@@ -251,7 +251,7 @@ def tune_bucket(
                 exhausted = True
                 break
             _attr(trial, "worker", _me())
-            params = TuningParams(**trial.params)
+            params = params_of(trial.params)
             previous = seen.get(params)
             if previous is not None:
                 # The sampler proposed a point already decided: answer from the study, spend nothing.

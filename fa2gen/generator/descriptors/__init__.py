@@ -14,7 +14,7 @@ from .attn_bwd import AttnBwd
 from .attn_bwd_gluon import AttnBwdGluon
 from .attn_fwd import AttnFwd
 from .attn_fwd_gluon import AttnFwdGluon
-from .base import Kernel, Template
+from .base import Kernel, Knob, Template
 
 TEMPLATES: tuple[Template, ...] = (AttnFwd(), AttnBwd(), AttnFwdGluon(), AttnBwdGluon())
 _BY_VARIANT = {(t.direction, g): t for t in TEMPLATES for g in t.gluon}
@@ -51,4 +51,25 @@ def plan(spec: KernelSpec, params: TuningParams) -> tuple[tuple[TuningParams, Ke
     return (*first, *((own_params, k) for k in own))
 
 
-__all__ = ["TEMPLATES", "Kernel", "Template", "direction_templates", "parts", "plan", "template_of"]
+def template_knobs() -> dict[str, tuple[Knob, Template]]:
+    """Every template's own knobs by name, each with the template that reads it."""
+    knobs = {}
+    for t in TEMPLATES:
+        for k in t.knobs:
+            if k.name in knobs:
+                raise ValueError(f"knob {k.name} is declared by two templates")
+            knobs[k.name] = (k, t)
+    return knobs
+
+
+__all__ = [
+    "TEMPLATES",
+    "Kernel",
+    "Knob",
+    "Template",
+    "direction_templates",
+    "parts",
+    "plan",
+    "template_knobs",
+    "template_of",
+]

@@ -23,6 +23,26 @@ class Kernel:
     replaces: str = ""
 
 
+@dataclass(frozen=True)
+class Knob:
+    """A tuning knob one template reads beyond TuningParams' own fields: its values, its
+    default (what every variant without it renders as), what it does, and the values the tuner
+    searches on each arch (none listed: only the default). A template declares its knobs in
+    ``knobs``; ``TuningParams`` then takes, validates, stores, labels and loads them
+    (``spec.TuningParams.extra``), the tuner's space searches them and ``fa2gen generate``
+    takes them (``--knob NAME=VALUE``), with no other change."""
+
+    name: str
+    values: tuple
+    default: Any
+    help: str
+    searched: dict[str, tuple] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.default not in self.values:
+            raise ValueError(f"knob {self.name}: default {self.default!r} is not one of {self.values}")
+
+
 class Template:
     """One Jinja template: the variants it renders (its direction and ``TuningParams.gluon``
     values), the rules that say which specs and params it renders, the Jinja variables it
@@ -35,6 +55,7 @@ class Template:
     file: ClassVar[str]
     direction: ClassVar[str]
     gluon: ClassVar[tuple[int, ...]]
+    knobs: ClassVar[tuple[Knob, ...]] = ()
 
     def flags(self, spec: KernelSpec, params: TuningParams, triton: tuple[int, int] | None) -> dict[str, Any]:
         """The template's Jinja variables beyond ``name``, ``spec_repr`` and ``params``."""
