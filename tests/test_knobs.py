@@ -17,7 +17,7 @@ from fa2gen.generator.descriptors import template_knobs
 from fa2gen.generator.descriptors.attn_fwd import AttnFwd
 from fa2gen.generator.descriptors.base import Knob
 from fa2gen.generator.identity import Variant
-from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams, param_space, unsupported
 from fa2gen.tuner.space import local_moves, space_for
 
 TOY = Knob("toy", (0, 1, 2), 0, "a knob for the tests", searched={"sm90": (0, 2)})
@@ -63,6 +63,18 @@ def test_a_knob_is_validated_like_the_fields(toy):
         base.nope  # noqa: B018
 
 
+def test_a_knob_renders_only_with_its_own_template(toy):
+    spec = KernelSpec(head_dim=128)
+    plain = TuningParams(128, 64, 4, 2, "tma_host")
+    assert unsupported(spec, plain.replace(toy=1)) is None
+    gluon = TuningParams(128, 128, 8, 3, "tma_host", gluon=2)
+    assert unsupported(spec, gluon) is None
+    assert "toy is read by attn_fwd.py.jinja only" in unsupported(spec, gluon.replace(toy=1))
+    points = param_space(spec)
+    assert plain.replace(toy=1) in points and plain in points and not any(p.toy and p.gluon for p in points)
+    assert not any(p.extra for p in param_space(KernelSpec(direction="bwd", head_dim=128)))
+
+
 def test_without_the_declaration_a_stored_knob_is_refused(toy, monkeypatch):
     stored = TuningParams().replace(toy=1).to_dict()
     monkeypatch.setattr(AttnFwd, "knobs", ())
@@ -91,6 +103,30 @@ def test_a_study_proposes_and_records_the_knob(toy):
     study.enqueue_trial(space.point(p))
     trial = study.ask(distributions)
     assert TuningParams.from_dict(trial.params) == p
+
+
+def test_a_study_searches_the_knob_and_reads_back_its_points(toy, tmp_path):
+    from fa2gen.store.buckets import Bucket
+    from fa2gen.tuner.evaluate import CostModelEvaluator
+    from fa2gen.tuner.run import open_storage
+    from fa2gen.tuner.study import params_of, tune_bucket
+
+    storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
+    bucket = Bucket("fwd", "fp16", 128, "causal", False, 1, 4096, 4096, 64)
+    default = TuningParams(128, 64, 4, 2, "tma_host")
+    r = tune_bucket(
+        bucket,
+        CostModelEvaluator(),
+        space_for("sm90", "fwd"),
+        storage=storage,
+        name_prefix="t",
+        trials=30,
+        default=default,
+    )
+    trials = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage).get_trials()
+    assert {t.params["toy"] for t in trials} == {0, 2}  # (the default enqueued at 0; the sampler tried 2)
+    assert all(params_of(t.params).toy == t.params["toy"] for t in trials)
+    assert r.best is not None and params_of(r.best.to_dict()) == r.best
 
 
 def test_generate_takes_a_knob(toy):

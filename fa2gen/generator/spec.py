@@ -9,6 +9,7 @@ from the fields mechanically (see ``identity.py``); nothing here is hand-named.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -261,16 +262,23 @@ def _from_dict(cls, data: Mapping[str, Any]):
 def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     """Why ``params`` cannot render for ``spec`` at all (on any arch), or None: the rules of the
     template that would render it (``descriptors``)."""
-    from .descriptors import template_of  # the descriptors build on this module
+    from .descriptors import template_knobs, template_of  # the descriptors build on this module
 
-    return template_of(spec, params).unsupported(spec, params)
+    template = template_of(spec, params)
+    if params.extra:  # a knob off its default is its own template's alone
+        knobs = template_knobs()
+        for name, _ in params.extra:
+            if knobs[name][1] is not template:
+                return f"knob {name} is read by {knobs[name][1].file} only, not by {template.file}"
+    return template.unsupported(spec, params)
 
 
 def triton_part(params: TuningParams) -> TuningParams:
     """The Triton template's params for the kernels a Gluon backward variant leaves to it, on
     the same tiles: delta, and dQ's kernel, or with the one pass (dq_mode atomic) the pass
     that scales and casts its sums."""
-    return params.replace(gluon=0, dq_mode="atomic" if params.dq_mode == "atomic" else "separate")
+    # (the Gluon template's own knobs stay with it)
+    return params.replace(gluon=0, dq_mode="atomic" if params.dq_mode == "atomic" else "separate", extra=())
 
 
 def param_space(spec: KernelSpec) -> list[TuningParams]:
@@ -287,4 +295,15 @@ def param_space(spec: KernelSpec) -> list[TuningParams]:
         for ps in PERSISTENT
         for g in GLUON
     ]
+    knobs = _knobs()
+    if knobs:  # and each template's own knobs, at every value, on its points
+        from .descriptors import template_of
+
+        points = [
+            p.replace(**dict(values))
+            for p in points
+            for values in itertools.product(
+                *([(k.name, v) for v in k.values] for k, t in knobs.values() if t is template_of(spec, p))
+            )
+        ]
     return [p for p in points if unsupported(spec, p) is None]
