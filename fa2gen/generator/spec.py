@@ -181,13 +181,12 @@ class TuningParams:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TuningParams":
-        if isinstance(data, Mapping) and "extra" in data:  # (a file names each knob itself)
-            raise SpecError("TuningParams: unknown field(s) ['extra']")
         if isinstance(data, Mapping):
-            core = {f.name for f in fields(cls)}
-            extra = tuple((k, v) for k, v in data.items() if k not in core)
+            if "extra" in data:  # (a file names each knob itself)
+                raise SpecError("TuningParams: unknown field(s) ['extra']")
+            extra = tuple((k, v) for k, v in data.items() if k not in _PARAM_FIELDS)
             if extra and all(isinstance(k, str) and k in _knobs() for k, _ in extra):
-                data = {**{k: v for k, v in data.items() if k in core}, "extra": extra}
+                data = {**{k: v for k, v in data.items() if k in _PARAM_FIELDS}, "extra": extra}
         return _from_dict(cls, data)
 
     def to_dict(self) -> dict:
@@ -196,10 +195,9 @@ class TuningParams:
         return {**data, **dict(self.extra)}
 
     def replace(self, **changes: Any) -> "TuningParams":
-        core = {f.name for f in fields(self)}
-        knobs = {k: v for k, v in changes.items() if k not in core}
+        knobs = {k: v for k, v in changes.items() if k not in _PARAM_FIELDS}
         if knobs:
-            changes = {k: v for k, v in changes.items() if k in core}
+            changes = {k: v for k, v in changes.items() if k in _PARAM_FIELDS}
             changes["extra"] = tuple({**dict(self.extra), **knobs}.items())
         return dataclasses.replace(self, **changes)
 
@@ -211,6 +209,9 @@ class TuningParams:
         text += f" persistent{self.persistent}" if self.persistent else ""
         text += f" gluon{self.gluon}" if self.gluon else ""
         return text + "".join(f" {k}={v}" for k, v in self.extra)
+
+
+_PARAM_FIELDS = frozenset(f.name for f in fields(TuningParams))
 
 
 def _knobs() -> dict:
