@@ -94,7 +94,7 @@ def test_compile_for_specialises_as_a_gpu_launch():
         spec = KernelSpec(direction="bwd", head_dim=d, mask="causal")
         fn = load_module(spec, params).attn_bwd_dkdv
         dkdv = next(k for k in template_of(spec, params).kernels(spec, params) if k.name == "attn_bwd_dkdv")
-        sig = _signature(fn, dkdv, spec, params)
+        sig = _signature(fn, dkdv, spec, dkdv.constexprs)
         marked = {fn.arg_names[i] for (i,) in _attrs(fn, sig, spec)}
         pointers = {n for n, t in sig.items() if t.startswith("*")}
         strides = {n for n in fn.arg_names if n.startswith("stride")}

@@ -221,17 +221,18 @@ def test_each_descriptor_gives_its_template_exactly_the_variables_it_reads():
     assert set(rendering.TEMPLATES.values()) | set(rendering.GLUON_TEMPLATES.values()) == {t.file for t in TEMPLATES}
 
 
-def test_each_descriptors_kernels_are_its_modules_with_their_constexprs():
+def test_each_descriptors_kernels_are_its_modules_with_their_constexprs_and_arguments():
     """descriptors.plan lists the kernels a variant runs; each is a function of the module it
     names, whose constexpr parameters are exactly the descriptor's constexprs (a Gluon
-    kernel's num_warps comes from its module's LAUNCH)."""
+    kernel's num_warps comes from its module's LAUNCH) and whose other parameters are the
+    descriptor's arguments, in order; a descriptor box names a tensor argument."""
     from fa2gen.generator.descriptors import parts, plan
 
     specs = [KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")]
     specs += [KernelSpec(direction="bwd", dtype="bf16", head_dim=d, mask="causal") for d in (72, 128)]
     for spec in specs:
         points = param_space(spec)
-        for params in [p for i, p in enumerate(points) if p.gluon or i % 50 == 0]:
+        for params in [p for i, p in enumerate(points) if p.gluon or i % 13 == 0]:
             modules = {p: ast.parse(render(spec, p, name="x")) for _, p in parts(spec, params)}
             for module_params, kernel in plan(spec, params):
                 found = [f for f in ast.walk(modules[module_params]) if isinstance(f, ast.FunctionDef)]
@@ -242,4 +243,8 @@ def test_each_descriptors_kernels_are_its_modules_with_their_constexprs():
                     if isinstance(a.annotation, ast.Attribute) and a.annotation.attr == "constexpr"
                 }
                 assert constexprs - {"num_warps"} == set(kernel.constexprs), (spec, params, kernel.name)
+                others = [a.arg for a in fn.args.args if a.arg not in constexprs]
+                assert others == [a.name for a in kernel.args], (spec, params, kernel.name)
+                tensors = [a.name for a in kernel.args if a.kind == "tensor"]
+                assert [n for n in tensors if n in kernel.boxes] == list(kernel.boxes), (spec, params, kernel.name)
                 assert (kernel.options is None) == bool(module_params.gluon)

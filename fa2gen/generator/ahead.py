@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from .. import compat
 from .cache import interpreting, load_module
 from .descriptors import Kernel, plan, template_of
-from .gluon import descriptor_dtype
 from .spec import KernelSpec, TuningParams
 
-_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
-_TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv", "fp32": "fp32"}
+_TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv", "fp32": "fp32", "i32": "i32"}
 
 
 @dataclass(frozen=True)
@@ -35,29 +33,35 @@ class Resources:
     losses: tuple[str, ...] = ()
 
 
-def _signature(fn, kernel: Kernel, spec: KernelSpec, params: TuningParams) -> dict:
+def _signature(fn, kernel: Kernel, spec: KernelSpec, constexprs: dict, layouts: bool = False) -> dict:
+    """Each argument's type as a launch gives it, from the descriptor's ``Kernel.args``: host
+    descriptors with their boxes (and, ``layouts``, a Gluon kernel's shared-memory layouts,
+    part of its type), pointers, ints and floats; ``constexprs`` by name."""
+    from .gluon import descriptor_layout
+
+    args = {a.name: a for a in kernel.args}
     sig = {}
-    element = _TRITON_TYPES[spec.dtype]
-    boxes = kernel.boxes if params.loads == "tma_host" else {}
     for name in fn.arg_names:
-        if name in kernel.constexprs:
+        arg = args.get(name)
+        if name in constexprs:
             sig[name] = "constexpr"
-        elif name in boxes:
-            box = ",".join(map(str, boxes[name]))
-            sig[name] = f"tensordesc<{_TRITON_TYPES[descriptor_dtype(spec, name)]}[{box}]>"
-        elif name in _TENSORS:
-            sig[name] = f"*{_TRITON_TYPES[spec.out_dtype] if name == 'O' else element}"
-        elif name in ("LSE", "DELTA", "DQACC") or name.startswith("DESCALE"):
-            sig[name] = "*fp32"
-        elif name in ("sm_scale", "softcap"):
-            sig[name] = "fp32"
+        elif arg is None:
+            raise ValueError(f"{kernel.name} takes {name}, which its descriptor's arguments do not list")
+        elif arg.kind == "tensor":
+            dtype = kernel.element(spec, name)
+            box = kernel.boxes.get(name)
+            if box is None:
+                sig[name] = f"*{_TRITON_TYPES[dtype]}"
+            else:
+                layout = f",{descriptor_layout(box, dtype)!r}" if layouts else ""
+                sig[name] = f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}]{layout}>"
         else:
-            sig[name] = "i32"
+            sig[name] = "fp32" if arg.kind == "float" else "i32"
     return sig
 
 
-def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
-    """The specialisation a launch on the GPU gives these arguments, so that the binary
+def _divisible(fn, signature: dict, spec: KernelSpec) -> list[str]:
+    """The arguments a launch on the GPU specialises as divisible by 16, so that the binary
     measured here is the one that runs: Triton marks a pointer whose address and an integer
     whose value is divisible by 16 (``tt.divisibility``), which lets loads be vectorised
     and prefetched asynchronously. Pointers: torch allocations are 256-byte aligned.
@@ -67,14 +71,20 @@ def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
     runs."""
     skip = set(getattr(fn, "do_not_specialize", ()) or ())
     skip |= {fn.arg_names[i] for i in skip if isinstance(i, int)}
-    attrs = {}
-    for i, name in enumerate(fn.arg_names):
-        kind = signature[name]
-        if name in skip or kind == "constexpr":
-            continue
-        if kind.startswith("*") or (kind == "i32" and name.startswith("stride") and spec.head_dim % 16 == 0):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return attrs
+    return [
+        name
+        for name in fn.arg_names
+        if name not in skip
+        and (
+            signature[name].startswith("*")
+            or (signature[name] == "i32" and name.startswith("stride") and spec.head_dim % 16 == 0)
+        )
+    ]
+
+
+def _attrs(fn, signature: dict, spec: KernelSpec) -> dict:
+    """A Triton kernel's ``_divisible`` arguments, by position."""
+    return {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in _divisible(fn, signature, spec)}
 
 
 def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90"):
@@ -89,7 +99,7 @@ def compiled_kernels(spec: KernelSpec, params: TuningParams, arch: str = "sm90")
             yield kernel.name, _compile_gluon(module, spec, module_params, arch, kernel.name)
             continue
         fn = getattr(module, kernel.name)
-        signature = _signature(fn, kernel, spec, module_params)
+        signature = _signature(fn, kernel, spec, kernel.constexprs)
         attrs = _attrs(fn, signature, spec)
         yield kernel.name, compat.compile_triton(fn, signature, kernel.constexprs, attrs, arch, kernel.options)
 
@@ -98,43 +108,17 @@ def _compile_gluon(module, spec: KernelSpec, params: TuningParams, arch: str, ke
     # The launch options (warps of the default partition, register limit) are the module's.
     fn = getattr(module, kernel)
     constexprs, signature = gluon_signature(module, spec, params, kernel)
-    attrs = {
-        name: [["tt.divisibility", 16]] for name in ("LSE", "DELTA", "DQ_PTR", "TILES") if name in fn.arg_names
-    }  # (pointers only: the one pass's DQACC is a descriptor)
+    attrs = {name: [["tt.divisibility", 16]] for name in _divisible(fn, signature, spec)}
     return compat.compile_gluon(fn, signature, constexprs, attrs, arch, dict(module.LAUNCH))
 
 
 def gluon_signature(module, spec: KernelSpec, params: TuningParams, kernel: str) -> tuple[dict, dict]:
     """(constexprs, signature) of a Gluon kernel of ``module`` as an ahead-of-time compile
     sees it: its host descriptors' types carry their boxes and shared-memory layouts, which
-    the launch's descriptors must match (runtime.backward, runtime.launch)."""
-    from .gluon import descriptor_layout
-
-    fn = getattr(module, kernel)
+    the launch's descriptors must match (runtime.launch.descriptor_maker)."""
     own = next(k for k in template_of(spec, params).kernels(spec, params) if k.name == kernel)
     constexprs = {**own.constexprs, "num_warps": module.LAUNCH["num_warps"]}
-    boxes = {name: list(box) for name, box in own.boxes.items()}
-    signature = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in boxes:
-            dtype = descriptor_dtype(spec, name)
-            box = boxes[name]
-            signature[name] = (
-                f"tensordesc<{_TRITON_TYPES[dtype]}[{','.join(map(str, box))}],{descriptor_layout(box, dtype)!r}>"
-            )
-        elif name in ("LSE", "DELTA") or name.startswith("DESCALE"):
-            signature[name] = "*fp32"
-        elif name == "DQ_PTR":
-            signature[name] = f"*{_TRITON_TYPES[spec.dtype]}"
-        elif name == "TILES":  # the causal persistent forward's tile counter
-            signature[name] = "*i32"
-        elif name == "sm_scale":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-    return constexprs, signature
+    return constexprs, _signature(getattr(module, kernel), own, spec, constexprs, layouts=True)
 
 
 nvidia_tool = compat.nvidia_tool

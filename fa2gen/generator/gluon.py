@@ -13,12 +13,6 @@ def descriptor_layout(block, dtype: str):
     return _layout(tuple(block), dtype)
 
 
-def descriptor_dtype(spec, name: str) -> str:
-    """The element type of a Gluon kernel's descriptor argument ``name``: the output's for O
-    (bf16 for fp8), fp32 for the one pass's dQ sums (DQACC), the inputs' for the rest."""
-    return spec.out_dtype if name == "O" else "fp32" if name == "DQACC" else spec.dtype
-
-
 @functools.lru_cache(maxsize=None)
 def _layout(block: tuple[int, ...], dtype: str):
     # Built once per box: Gluon derives it through its JIT path, about 25 us each, which a

@@ -11,15 +11,8 @@ from ..generator.cache import interpreting, load_module
 from ..generator.descriptors import plan
 from ..generator.spec import TMA_LOADS, TuningParams, triton_part
 from . import direct
-from .launch import (
-    GRID_Y_MAX,
-    GluonDevices,
-    effective_params,
-    gluon_descriptor,
-    host_descriptor,
-    tma_compatible,
-    window_extents,
-)
+from .binding import Binding
+from .launch import GRID_Y_MAX, GluonDevices, descriptor_maker, effective_params, tma_compatible, window_extents
 from .problem import Problem, _check_tensor
 
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
@@ -65,17 +58,15 @@ class BackwardLaunch:
         "params",
         "spec",
         "gluon",
-        "descriptors",
         "atomic",
         "dq_add",
         "ds_matmul",
         "ds_chunks",
         "modules",
-        "scalars",
+        "fixed",
         "kernels",
-        "rows",
+        "launches",
         "grids",
-        "layouts",
         "_fallback",
         "_gluon_devices",
         "_direct",
@@ -99,13 +90,12 @@ class BackwardLaunch:
         # (gluon=1, dq_mode atomic: the Gluon dK/dV kernel adds dQ; the Triton module's store
         # pass scales and casts the sums)
         self.dq_add = params.gluon == 1 and params.dq_mode == "atomic"
-        # every kernel the variant runs, by name, with its constexprs, launch options (a Gluon
-        # kernel's: its module's LAUNCH) and descriptor boxes
+        # every kernel the variant runs, by name, with its arguments, constexprs, launch options
+        # (a Gluon kernel's: its module's LAUNCH) and descriptor boxes
         self.kernels = {kernel.name: kernel for _, kernel in plan(spec, params)}
         self.params = params = triton_part(params) if params.gluon else params
-        self.descriptors = params.loads == "tma_host"
         self.atomic = params.dq_mode != "separate"
-        self.modules = None  # loaded on the first run: the interpreter check happens there
+        self.modules = self.launches = None  # on the first run: the interpreter check happens there
         self._fallback = None
         # dK/dV's grid has a program per k/v head; dQ's (gluon=2) one per query head
         gluon = self.gluon.gluon if self.gluon is not None else 0
@@ -114,8 +104,22 @@ class BackwardLaunch:
         self._direct = {}  # the kernels' launchers, kept by runtime.direct
         b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
         left, right = window_extents(problem)
-        self.scalars = (problem.sm_scale, problem.softcap, left, right)
-        self.rows = rows = self.kernels["attn_bwd_delta"].constexprs["BLOCK"]
+        self.fixed = dict(
+            Hq=hq,
+            Hkv=hkv,
+            group=problem.group,
+            Nq=nq,
+            Nk=nk,
+            sm_scale=problem.sm_scale,
+            softcap=problem.softcap,
+            win_left=left,
+            win_right=right,
+        )
+        if self.ds_matmul:
+            # Under a causal mask the dK/dV kernel zeroes the skipped tiles within the band of
+            # queries one dQ program reads: its DST box's columns
+            self.fixed["BAND"] = self.kernels["attn_bwd_dq_ds"].boxes["DST"][3]
+        rows = self.kernels["attn_bwd_delta"].constexprs["BLOCK"]
         outer = params.block_m
         self.grids = dict(
             delta=(-(-nq // rows) * b * hq,),
@@ -124,76 +128,30 @@ class BackwardLaunch:
             gluon_dkdv=(-(-nk // outer), b * hkv),
             gluon_dq=(-(-nq // outer), b * hq),
         )
-        # Each Gluon kernel's (box, layout) per descriptor argument, in argument order. Layouts
-        # are part of a Gluon descriptor's type: built once here, not per call.
-        self.layouts = {}
-        if self.gluon is not None:
-            from ..generator.gluon import descriptor_dtype, descriptor_layout
 
-            for kernel in self.kernels.values():
-                if kernel.options is None:  # (a Gluon kernel)
-                    self.layouts[kernel.name] = {
-                        n: (list(box), descriptor_layout(box, descriptor_dtype(spec, n)))
-                        for n, box in kernel.boxes.items()
-                    }
-
-    def _dkdv_ds_matmul(self, run, module, bs: slice, hs: slice, q, k, v, dout, lse, delta, dq, dk, dv) -> None:
+    def _dkdv_ds_matmul(self, run, given: dict, bs: slice, hs: slice) -> None:
         """One chunk of dq_mode matmul: batches ``bs``, k/v heads ``hs``. The Gluon dK/dV kernel
         writes dK, dV and sm_scale * dS^T into a (B, Hq, Nk, Nq) scratch, then the module's
-        attn_bwd_dq_ds computes dQ = dS K from it, DS_ROWS queries a program (its DST box's
-        columns)."""
+        attn_bwd_dq_ds computes dQ = dS K from it, BAND queries a program."""
         problem = self.problem
         g, nq, nk = problem.group, problem.seqlen_q, problem.seqlen_k
         qs = slice(hs.start * g, hs.stop * g)  # the chunk's query heads
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
+        q = given["Q"]
         # Rows 16-byte aligned for the descriptor. Under a causal mask the dK/dV kernel skips the
         # tiles before each key block's first query block, and stores zeros into those of them
-        # that share a dQ program's DS_ROWS queries with that block (BAND): dQ's kernel reads
-        # each key block its last query sees, over all of its queries.
+        # that share a dQ program's queries with that block (BAND): dQ's kernel reads each key
+        # block its last query sees, over all of its queries.
         scratch = torch.empty((nb, nh * g, nk, -(-nq // 8) * 8), dtype=q.dtype, device=q.device)[..., :nq]
-        tensors = dict(
-            Q=q[bs, qs], K=k[bs, hs], V=v[bs, hs], DO=dout[bs, qs], DK=dk[bs, hs], DV=dv[bs, hs], DST=scratch
-        )
         # (LSE and delta are contiguous (B, Hq, Nq): a chunk of whole batches, or heads of one,
         # is contiguous too, as the kernel's offsets assume.)
-        descs = self._gluon_descriptors("attn_bwd_dkdv", tensors)
-        args = descs.values()
+        chunk = {n: given[n][bs, qs] for n in ("Q", "DO", "LSE", "DELTA")}
+        chunk.update({n: given[n][bs, hs] for n in ("K", "V", "DK", "DV")})
+        chunk.update(DST=scratch, DQ_PTR=given["DQ"][bs, qs], Hkv=nh, Hq=nh * g)
         grid = (-(-nk // self.gluon.block_m), nb * nh)
-        (ds_box, ds_layout), (k_box, k_layout) = self.layouts["attn_bwd_dq_ds"].values()
-        ds_rows = ds_box[3]
-        # (K's box is the dK/dV kernel's: its descriptor serves both)
-        k_desc = descs["K"] if k_box == self.layouts["attn_bwd_dkdv"]["K"][0] else None
-        run(
-            module,
-            "attn_bwd_dkdv",
-            grid,
-            *args,
-            lse[bs, qs],
-            delta[bs, qs],
-            nh,
-            g,
-            nq,
-            nk,
-            problem.sm_scale,
-            ds_rows,  # BAND
-            key=("attn_bwd_dkdv", grid),
-        )
-        rows = dq[bs, qs]
-        grid = (-(-nq // ds_rows), nb * nh * g)
-        run(
-            module,
-            "attn_bwd_dq_ds",
-            grid,
-            gluon_descriptor(scratch, ds_box, ds_layout),
-            k_desc or gluon_descriptor(tensors["K"], k_box, k_layout),
-            rows,
-            *rows.stride()[:3],
-            nh * g,
-            g,
-            nq,
-            nk,
-            key=("attn_bwd_dq_ds", grid),
-        )
+        run("attn_bwd_dkdv", grid, chunk, key=("attn_bwd_dkdv", grid))
+        grid = (-(-nq // self.fixed["BAND"]), nb * nh * g)
+        run("attn_bwd_dq_ds", grid, chunk, key=("attn_bwd_dq_ds", grid))
 
     def fallback(self) -> "BackwardLaunch":
         """The launch to run where this one cannot: the Triton dK/dV kernel where the Gluon
@@ -213,15 +171,26 @@ class BackwardLaunch:
             return self._gluon_devices(q.device) and tma_compatible(*read)
         return self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, dout, dq, dk, dv)
 
-    def _load(self):
-        if self.modules is None:
+    def _load(self) -> dict:
+        """Each kernel's (function, argument binding, options) by name, on the first run."""
+        if self.launches is None:
             if interpreting():
                 compat.patch_interpreter()
             modules = (load_module(self.spec, self.params),)
             if self.gluon is not None:
                 modules += (load_module(self.spec, self.gluon),)
-            self.modules = modules
-        return self.modules
+            launches = {}
+            # (dq_mode matmul's Gluon kernels run a chunk at a time: the chunk gives the heads)
+            chunked = {k: v for k, v in self.fixed.items() if k not in ("Hq", "Hkv")}
+            for module_params, kernel in plan(self.spec, self.gluon or self.params):
+                module = modules[1] if module_params.gluon else modules[0]
+                gluon = kernel.options is None  # (its options: its module's LAUNCH)
+                options = {**kernel.constexprs, **(module.LAUNCH if gluon else kernel.options)}
+                fixed = chunked if gluon and self.ds_matmul else self.fixed
+                binding = Binding(kernel, fixed, descriptor_maker(self.spec, kernel, gluon))
+                launches[kernel.name] = (getattr(module, kernel.name), binding, compat.codegen(options))
+            self.modules, self.launches = modules, launches
+        return self.launches
 
     def run(self, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, compile_only: bool = False):
         """The gradients (dq, dk, dv); arguments as ``backward``'s."""
@@ -242,138 +211,40 @@ class BackwardLaunch:
             return dq, dk, dv
         return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
 
-    def _gluon_descriptors(self, kernel: str, tensors: dict) -> dict:
-        """A Gluon kernel's descriptors over ``tensors``, by argument, in argument order."""
-        return {n: gluon_descriptor(tensors[n], box, layout) for n, (box, layout) in self.layouts[kernel].items()}
-
     def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool):
         if not self._runs_here(q, k, v, dout, dq, dk, dv):
             return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
-        modules = self._load()
-        module = modules[0]
-        problem, params, grids, kernels = self.problem, self.params, self.grids, self.kernels
-        b, hq, hkv, nq, nk = problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
-        lse = lse.contiguous()
-        delta = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
+        launches, grids, problem = self._load(), self.grids, self.problem
+        delta = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
+        given = dict(Q=q, K=k, V=v, O=out, DO=dout, LSE=lse.contiguous(), DELTA=delta, DQ=dq, DK=dk, DV=dv)
 
-        def run(module, name, grid, *args, key=None):
-            # constexprs and launch options as the kernel's descriptor gives them (a Gluon
-            # kernel's options: its module's LAUNCH)
-            fn, kernel = getattr(module, name), kernels[name]
-            options = {**kernel.constexprs, **(module.LAUNCH if kernel.options is None else kernel.options)}
+        def run(name, grid, given, key=None):
+            fn, binding, options = launches[name]
+            args = binding(given)
             if compile_only:
                 direct.warmup(fn, grid, args, options)
             else:  # (a kept launcher keeps its grid: ``key`` names one per grid where it varies)
                 direct.launch(self._direct, key or name, fn, grid, args, options)
 
-        run(module, "attn_bwd_delta", grids["delta"], out, dout, delta, *out.stride()[:3], *dout.stride()[:3], hq, nq)
+        run("attn_bwd_delta", grids["delta"], given)
         if self.atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
-            dq_acc = torch.zeros((b, hq, nq, problem.head_dim), device=q.device, dtype=torch.float32)
-        if self.gluon is not None:  # its descriptors carry a layout (part of a Gluon kernel's type)
-            gluon_module = modules[1]
+            given["DQACC"] = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        if self.gluon is not None:
             if self.ds_matmul:
                 # (compiling only: the first chunk's launches are the call's specialisation)
                 for bs, hs in self.ds_chunks[: 1 if compile_only else None]:
-                    self._dkdv_ds_matmul(run, gluon_module, bs, hs, q, k, v, dout, lse, delta, dq, dk, dv)
+                    self._dkdv_ds_matmul(run, given, bs, hs)
                 return dq, dk, dv
-            tensors = dict(Q=q, K=k, V=v, DO=dout, DK=dk, DV=dv, DQ=dq)
-            if self.dq_add:
-                tensors["DQACC"] = dq_acc
-            descs = self._gluon_descriptors("attn_bwd_dkdv", tensors).values()
-            run(
-                gluon_module,
-                "attn_bwd_dkdv",
-                grids["gluon_dkdv"],
-                *descs,
-                lse,
-                delta,
-                hkv,
-                problem.group,
-                nq,
-                nk,
-                problem.sm_scale,
-            )
+            run("attn_bwd_dkdv", grids["gluon_dkdv"], given)
             if self.gluon.gluon == 2:
-                descs = self._gluon_descriptors("attn_bwd_dq", tensors).values()
-                run(
-                    gluon_module,
-                    "attn_bwd_dq",
-                    grids["gluon_dq"],
-                    *descs,
-                    lse,
-                    delta,
-                    hq,
-                    problem.group,
-                    nq,
-                    nk,
-                    problem.sm_scale,
-                )
+                run("attn_bwd_dq", grids["gluon_dq"], given)
                 return dq, dk, dv
         else:
-            boxes = kernels["attn_bwd_dkdv"].boxes
-
-            def tile(t, name):  # (loads=tma_host: a host descriptor of the kernel's box)
-                return host_descriptor(t, *boxes[name][2:]) if self.descriptors else t
-
-            dkdv_args = (
-                tile(q, "Q"),
-                tile(k, "K"),
-                tile(v, "V"),
-                tile(dout, "DO"),
-                lse,
-                delta,
-                tile(dk, "DK"),
-                tile(dv, "DV"),
-            )
-            if self.atomic:
-                dkdv_args += (tile(dq_acc, "DQACC") if params.dq_mode == "tma_reduce" else dq_acc,)
-            run(
-                module,
-                "attn_bwd_dkdv",
-                grids["dkdv"],
-                *dkdv_args,
-                *q.stride()[:3],
-                *k.stride()[:3],
-                *v.stride()[:3],
-                *dout.stride()[:3],
-                *dk.stride()[:3],
-                *dv.stride()[:3],
-                hkv,
-                problem.group,
-                nq,
-                nk,
-                *self.scalars,
-            )
+            run("attn_bwd_dkdv", grids["dkdv"], given)
         if self.atomic:
-            run(module, "attn_bwd_dq_store", grids["delta"], dq_acc, dq, *dq.stride()[:3], hq, nq, problem.sm_scale)
-            return dq, dk, dv
-        boxes = kernels["attn_bwd_dq"].boxes
-
-        def tile(t, name):
-            return host_descriptor(t, *boxes[name][2:]) if self.descriptors else t
-
-        run(
-            module,
-            "attn_bwd_dq",
-            grids["dq"],
-            tile(q, "Q"),
-            tile(k, "K"),
-            tile(v, "V"),
-            tile(dout, "DO"),
-            lse,
-            delta,
-            tile(dq, "DQ"),
-            *q.stride()[:3],
-            *k.stride()[:3],
-            *v.stride()[:3],
-            *dout.stride()[:3],
-            *dq.stride()[:3],
-            hq,
-            problem.group,
-            nq,
-            nk,
-            *self.scalars,
-        )
+            run("attn_bwd_dq_store", grids["delta"], given)
+        else:
+            run("attn_bwd_dq", grids["dq"], given)
         return dq, dk, dv
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import compat
@@ -9,6 +11,7 @@ from ..generator.cache import interpreting, load_module
 from ..generator.descriptors import template_of
 from ..generator.spec import TMA_LOADS, TuningParams
 from . import direct
+from .binding import Binding
 from .fp8 import check_descales, transposed_v
 from .problem import Problem
 
@@ -159,6 +162,22 @@ def tile_counter(device: torch.device) -> torch.Tensor:
     return counter
 
 
+def descriptor_maker(spec, kernel, gluon: bool):
+    """``Binding``'s maker of host descriptors for ``kernel``'s descriptor arguments: Gluon's
+    carry the shared-memory layout of their box and element type (part of a Gluon kernel's
+    type, built once here, not per call)."""
+
+    def make(name: str, box: tuple[int, ...]):
+        layout = None
+        if gluon:
+            from ..generator.gluon import descriptor_layout
+
+            layout = descriptor_layout(box, kernel.element(spec, name))
+        return functools.partial(compat.descriptor, box=list(box), layout=layout)
+
+    return make
+
+
 class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
@@ -167,12 +186,14 @@ class Launch:
         "problem",
         "params",
         "spec",
+        "kernel",
         "module",
         "grid",
-        "scalars",
-        "constexprs",
-        "blocks",
-        "layouts",
+        "tiles",
+        "fixed",
+        "binding",
+        "options",
+        "_queue",
         "_fallback",
         "_gluon_devices",
         "backward",
@@ -185,50 +206,36 @@ class Launch:
         self.problem = problem
         self.params = params
         self.spec = spec = problem.kernel_spec()
-        self.module = None  # loaded on first run: the interpreter check happens there
+        # the kernel, its arguments, constexprs, options and descriptor boxes
+        [self.kernel] = template_of(spec, params).kernels(spec, params)
+        self.module = self.binding = self.options = None  # on first run: the interpreter check happens there
         self._fallback = None
         # The backward launches of calls of this shape (runtime.autograd fills it), by
         # whether the backward must be deterministic.
         self.backward = {}
         self._direct = {}  # the kernel's launcher, kept by runtime.direct
         self._gluon_devices = GluonDevices(problem, persistent=params.persistent) if params.gluon else None
-        if params.gluon:
-            self._init_gluon(problem, params, sm_count)
-            return
-        left, right = window_extents(problem)
-        # In the kernel's argument order: Hq, group, Nq, Nk, sm_scale, softcap, win_left, win_right.
-        self.scalars = (
-            problem.heads_q,
-            problem.group,
-            problem.seqlen_q,
-            problem.seqlen_k,
-            problem.sm_scale,
-            problem.softcap,
-            left,
-            right,
-        )
-        tiles = -(-problem.seqlen_q // params.block_m) * problem.batch * problem.heads_q
-        self.grid = (tiles,)
-        if params.persistent:
-            self.scalars += (tiles,)
-            self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
-        [kernel] = template_of(spec, params).kernels(spec, params)
-        self.constexprs = {**kernel.constexprs, **kernel.options}
-        # the (rows x cols) blocks of the q, k, v and out descriptors (with loads=tma_host)
-        self.blocks = tuple(kernel.boxes[t][2:] for t in "QKVO")
-
-    def _init_gluon(self, problem: Problem, params: TuningParams, sm_count: int | None) -> None:
-        # One program per (query block, batch * head) tile, or a persistent grid walking them
+        # One program per (query block, batch * head) tile (a Gluon grid has them on two axes),
+        # or a persistent grid walking them
         num_m = -(-problem.seqlen_q // params.block_m)
-        tiles = num_m * problem.batch * problem.heads_q
-        self.grid = (num_m, problem.batch * problem.heads_q)
+        self.tiles = tiles = num_m * problem.batch * problem.heads_q
+        self.grid = (num_m, problem.batch * problem.heads_q) if params.gluon else (tiles,)
         if params.persistent:
             self.grid = None if sm_count is None else (min(tiles, params.persistent * sm_count),)
-        self.scalars = (problem.heads_q, problem.group, problem.seqlen_q, problem.seqlen_k, problem.sm_scale, tiles)
-        [kernel] = template_of(self.spec, params).kernels(self.spec, params)
-        self.constexprs = dict(kernel.constexprs)  # (the launch options are the module's LAUNCH)
-        self.blocks = tuple(list(kernel.boxes[t]) for t in "QKVO")
-        self.layouts = None  # built with the module, on the first run
+        left, right = window_extents(problem)
+        self.fixed = dict(
+            Hq=problem.heads_q,
+            group=problem.group,
+            Nq=problem.seqlen_q,
+            Nk=problem.seqlen_k,
+            sm_scale=problem.sm_scale,
+            softcap=problem.softcap,
+            win_left=left,
+            win_right=right,
+            num_tiles=tiles,
+        )
+        # the causal persistent Gluon forward takes its tiles from a counter
+        self._queue = any(a.name == "TILES" for a in self.kernel.args)
 
     def fallback(self) -> "Launch":
         """The launch to run where this one cannot: with pointer loads for tensors descriptors
@@ -271,49 +278,37 @@ class Launch:
         else:
             direct.launch(self._direct, "attn_fwd", kernel, self.grid, args, options)
 
+    def _load(self) -> None:
+        if not self.params.gluon and interpreting():
+            compat.patch_interpreter()
+        # binding and options first: another thread's first call may see the module set
+        make = descriptor_maker(self.spec, self.kernel, bool(self.params.gluon))
+        self.binding = Binding(self.kernel, self.fixed, make)
+        module = load_module(self.spec, self.params)
+        launch = module.LAUNCH if self.kernel.options is None else self.kernel.options
+        self.options = compat.codegen({**self.kernel.constexprs, **launch})
+        self.module = module
+
     def prepared(self, q, k, v, out, lse, descales=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
         as ``staged_v`` gives it), so that ``kernel[self.grid](*arguments, **options)`` runs it;
         benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
-        if self.spec.fp8 and descales is None:
-            descales = check_descales(self.problem, q.device, None, None, None)
         if self.module is None:
-            if self.params.gluon:
-                from ..generator.gluon import descriptor_dtype, descriptor_layout
-
-                # layouts first: another thread's first call may see the module set and use them
-                self.layouts = tuple(
-                    descriptor_layout(block, descriptor_dtype(self.spec, name))
-                    for block, name in zip(self.blocks, "QKVO")
-                )
-            elif interpreting():
-                compat.patch_interpreter()
-            self.module = load_module(self.spec, self.params)
-        kernel = self.module.attn_fwd
+            self._load()
         if self.grid is None:  # persistent, first run: as many programs as the SMs hold
-            self.grid = (min(self.scalars[-1], self.params.persistent * _sm_count(q.device)),)
-        if self.params.gluon:
-            args = [
-                gluon_descriptor(t, block, layout)
-                for t, block, layout in zip((q, k, v, out), self.blocks, self.layouts)
-            ]
-            args.append(lse)
-            if self.spec.fp8:  # the factors, then their strides, as the Triton template takes them
-                args += [d[0] for d in descales] + [s for d in descales for s in d[1:]]
-            if self.params.persistent and self.spec.mask == "causal":  # tiles from a counter
-                args.append(tile_counter(q.device))
-            return kernel, [*args, *self.scalars], compat.codegen({**self.constexprs, **self.module.LAUNCH})
-        if self.params.loads == "tma_host":
-            args = [host_descriptor(t, *block) for t, block in zip((q, k, v, out), self.blocks)]
-            args.append(lse)
-        else:
-            if self.params.loads == "tma_device" and q.device.type == "cuda":
-                ensure_allocator()
-            args = [q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3]]
+            self.grid = (min(self.tiles, self.params.persistent * _sm_count(q.device)),)
+        given = {"Q": q, "K": k, "V": v, "O": out, "LSE": lse}
         if self.spec.fp8:
-            args[5:5] = [d[0] for d in descales]  # after LSE, before any stride
-            args += [s for d in descales for s in d[1:]]
-        return kernel, [*args, *self.scalars], compat.codegen(self.constexprs)
+            if descales is None:
+                descales = check_descales(self.problem, q.device, None, None, None)
+            for t, (factor, stride_b, stride_h) in zip("qkv", descales):
+                given[f"DESCALE_{t.upper()}"] = factor
+                given[f"stride_ds{t}_b"], given[f"stride_ds{t}_h"] = stride_b, stride_h
+        if self._queue:
+            given["TILES"] = tile_counter(q.device)
+        elif self.params.loads == "tma_device" and q.device.type == "cuda":
+            ensure_allocator()
+        return getattr(self.module, self.kernel.name), self.binding(given), self.options
 
 
 def forward(

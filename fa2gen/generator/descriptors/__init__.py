@@ -1,11 +1,11 @@
 """One descriptor per template: each owns its template's contract in Python (the variants it
 renders, the rules for which specs and params it renders, its Jinja variables, its kernels with
-their constexprs, options and descriptor boxes, its shared memory, and the tuner's candidates
-and prunes).
+their arguments, constexprs, options and descriptor boxes, its shared memory, and the tuner's
+candidates and prunes).
 spec.unsupported, rendering, identity, arch.smem_estimate, ahead, both directions' launches and
 tuner.space ask the descriptor of a variant's template (``template_of``, ``parts``, ``plan``)
-rather than knowing the templates themselves. (The launches still order each kernel's
-arguments themselves.)"""
+rather than knowing the templates themselves: a launch binds each kernel's arguments by name
+(``runtime.binding``), and an ahead-of-time compile types them from the same list."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .attn_bwd import AttnBwd
 from .attn_bwd_gluon import AttnBwdGluon
 from .attn_fwd import AttnFwd
 from .attn_fwd_gluon import AttnFwdGluon
-from .base import Kernel, Knob, Template
+from .base import Arg, Kernel, Knob, Template
 
 TEMPLATES: tuple[Template, ...] = (AttnFwd(), AttnBwd(), AttnFwdGluon(), AttnBwdGluon())
 _BY_VARIANT = {(t.direction, g): t for t in TEMPLATES for g in t.gluon}
@@ -64,6 +64,7 @@ def template_knobs() -> dict[str, tuple[Knob, Template]]:
 
 __all__ = [
     "TEMPLATES",
+    "Arg",
     "Kernel",
     "Knob",
     "Template",

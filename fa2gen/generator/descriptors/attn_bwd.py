@@ -4,11 +4,17 @@ and dQ passes (``spec.triton_part``)."""
 from __future__ import annotations
 
 from ..spec import PASS_WARPS, pass_rows
-from .base import BackwardTemplate, Kernel
+from .base import BackwardTemplate, Kernel, floats, ints, strides, tensors
 
 # The memory-bound passes (delta, and the atomic paths' dQ store): their own small tiles and
 # warps (spec.pass_rows, PASS_WARPS)
 PASS_KERNELS = ("attn_bwd_delta", "attn_bwd_dq_store")
+
+# Each tensor's batch, head and row strides as the template names them
+STRIDES = {
+    t: strides(t, " ".join(f"stride_{t.lower()}{d}" for d in ("b", "h", row)))
+    for t, row in (("Q", "m"), ("K", "n"), ("V", "n"), ("O", "m"), ("DO", "m"), ("DQ", "m"), ("DK", "n"), ("DV", "n"))
+}
 
 
 class AttnBwd(BackwardTemplate):
@@ -30,17 +36,41 @@ class AttnBwd(BackwardTemplate):
         tiles = {**dims, "OUTER": params.block_m, "INNER": params.block_n}
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
         passes = {"num_warps": PASS_WARPS, "num_stages": 1}
-        delta, dq_store = (Kernel(k, {**dims, "BLOCK": pass_rows(spec)}, passes) for k in PASS_KERNELS)
-        # Host descriptors: block_m rows of what a program owns, block_n of what a step takes;
-        # with dq_mode tma_reduce dK/dV also adds each step's fp32 dQ through one
+        rows = {**dims, "BLOCK": pass_rows(spec)}
+        delta = Kernel(
+            "attn_bwd_delta",
+            tensors("O", "out") + tensors("DO") + tensors("DELTA", "fp32") + self._strides("O DO") + ints("Hq Nq"),
+            rows,
+            passes,
+        )
+        dq_store = Kernel(
+            "attn_bwd_dq_store",
+            tensors("DQACC", "fp32") + tensors("DQ") + STRIDES["DQ"] + ints("Hq Nq") + floats("sm_scale"),
+            rows,
+            passes,
+        )
+        # Host descriptors (loads=tma_host): block_m rows of what a program owns, block_n of what
+        # a step takes; with dq_mode tma_reduce dK/dV also adds each step's fp32 dQ through one
         dp, m, n = spec.head_dim_padded, params.block_m, params.block_n
-        dkdv = {t: (1, 1, m if t in ("K", "V", "DK", "DV") else n, dp) for t in ("K", "V", "DK", "DV", "Q", "DO")}
+        dkdv = {t: (1, 1, m if t in ("K", "V", "DK", "DV") else n, dp) for t in ("Q", "K", "V", "DO", "DK", "DV")}
         if params.dq_mode == "tma_reduce":
             dkdv["DQACC"] = (1, 1, n, dp)
-        dq = {t: (1, 1, m if t in ("Q", "DO", "DQ") else n, dp) for t in ("Q", "DO", "DQ", "K", "V")}
+        dq = {t: (1, 1, m if t in ("Q", "DO", "DQ") else n, dp) for t in ("Q", "K", "V", "DO", "DQ")}
+        if params.loads != "tma_host":
+            dkdv = dq = {}
+        # (each takes every tensor's strides, descriptors or not)
+        scales = floats("softcap") + ints("win_left win_right")
+        inputs = tensors("Q K V DO") + tensors("LSE DELTA", "fp32")
+        sums = tensors("DQACC", "fp32") if params.dq_mode != "separate" else ()
+        dkdv_args = inputs + tensors("DK DV") + sums + self._strides("Q K V DO DK DV") + self.sizes("Hkv") + scales
+        dq_args = inputs + tensors("DQ") + self._strides("Q K V DO DQ") + self.sizes("Hq") + scales
         # dQ in a kernel of its own, or added into fp32 sums by the dK/dV kernel and stored by a pass
-        last = Kernel("attn_bwd_dq", tiles, options, dq) if params.dq_mode == "separate" else dq_store
-        return (delta, Kernel("attn_bwd_dkdv", tiles, options, dkdv), last)
+        last = Kernel("attn_bwd_dq", dq_args, tiles, options, dq) if params.dq_mode == "separate" else dq_store
+        return (delta, Kernel("attn_bwd_dkdv", dkdv_args, tiles, options, dkdv), last)
+
+    @staticmethod
+    def _strides(names: str):
+        return tuple(a for t in names.split() for a in STRIDES[t])
 
     def smem(self, spec, params):
         # the P and dS tiles; with dq_mode tma_reduce also the fp32 dQ tile staged for its bulk

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ... import compat
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, TuningParams
-from .base import BackwardTemplate, Kernel
+from .base import BackwardTemplate, Kernel, ints, strides, tensors
 
 GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
 # dq_mode matmul's dQ kernel (attn_bwd_dq_ds): queries a program, its dS^T box's columns; under a
@@ -107,17 +107,26 @@ class AttnBwdGluon(BackwardTemplate):
         tiles = {"HEAD_DIM": d, "OUTER": m, "INNER": n, "STAGES": params.num_stages}
         rows = m // 2 if params.dq_mode == "atomic" else m
         boxes = {t: (1, 1, rows if t in ("K", "V", "DK", "DV") else n, d) for t in ("Q", "K", "V", "DO", "DK", "DV")}
+        # the dK/dV kernel's dS^T (matmul) or dQ sums (atomic); the band of zero tiles (matmul)
+        extra, band = (), ()
         if params.dq_mode == "matmul":
             boxes["DST"] = (1, 1, m, n)
+            extra, band = tensors("DST"), ints("BAND")
         if params.dq_mode == "atomic":
             boxes["DQACC"] = (1, 1, n, d)
-        dkdv = Kernel("attn_bwd_dkdv", tiles, boxes=boxes, replaces="attn_bwd_dkdv")
+            extra = tensors("DQACC", "fp32")
+        rows = tensors("LSE DELTA", "fp32")
+        args = tensors("Q K V DO DK DV") + extra + rows + self.sizes("Hkv") + band
+        dkdv = Kernel("attn_bwd_dkdv", args, tiles, boxes=boxes, replaces="attn_bwd_dkdv")
         if params.gluon == 2:
             boxes = {t: (1, 1, m if t in ("Q", "DO", "DQ") else n, d) for t in ("Q", "K", "V", "DO", "DQ")}
-            return (dkdv, Kernel("attn_bwd_dq", tiles, boxes=boxes, replaces="attn_bwd_dq"))
+            args = tensors("Q K V DO DQ") + rows + self.sizes("Hq")
+            return (dkdv, Kernel("attn_bwd_dq", args, tiles, boxes=boxes, replaces="attn_bwd_dq"))
         if params.dq_mode == "matmul":
             boxes = {"DST": (1, 1, m, DS_ROWS), "K": (1, 1, m, d)}
-            return (dkdv, Kernel("attn_bwd_dq_ds", {"HEAD_DIM": d}, boxes=boxes, replaces="attn_bwd_dq"))
+            args = tensors("DST K DQ_PTR") + strides("DQ_PTR", "stride_b stride_h stride_n") + ints("Hq group Nq Nk")
+            dq = Kernel("attn_bwd_dq_ds", args, {"HEAD_DIM": d}, boxes=boxes, replaces="attn_bwd_dq")
+            return (dkdv, dq)
         return (dkdv,)
 
     def candidates(self, spec):

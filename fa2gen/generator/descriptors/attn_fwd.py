@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ForwardTemplate, Kernel
+from .base import ForwardTemplate, Kernel, floats, ints, strides
 
 
 class AttnFwd(ForwardTemplate):
@@ -27,8 +27,17 @@ class AttnFwd(ForwardTemplate):
             "BLOCK_N": params.block_n,
         }
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
-        boxes = self.qkvo_boxes(spec, params.block_m, params.block_n, spec.head_dim_padded)
-        return (Kernel("attn_fwd", constexprs, options, boxes),)
+        args = self.io_args(spec)
+        boxes = {}
+        if params.loads == "tma_host":  # host descriptors over Q, K, V and O; else their strides
+            boxes = self.qkvo_boxes(spec, params.block_m, params.block_n, spec.head_dim_padded)
+        else:  # (fp8's V is transposed: its third stride steps along the head dim)
+            args += strides("Q", "stride_qb stride_qh stride_qm") + strides("K", "stride_kb stride_kh stride_kn")
+            args += strides("V", f"stride_vb stride_vh stride_v{'d' if spec.fp8 else 'n'}")
+            args += strides("O", "stride_ob stride_oh stride_om")
+        args += self.descale_strides(spec) + ints("Hq group Nq Nk") + floats("sm_scale softcap")
+        args += ints("win_left win_right") + (ints("num_tiles") if params.persistent else ())
+        return (Kernel("attn_fwd", args, constexprs, options, boxes),)
 
     def smem(self, spec, params):
         # Q, then K and V num_stages deep; on the pointer path P is staged for the second dot

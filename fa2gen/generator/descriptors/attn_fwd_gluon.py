@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ... import compat
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, KernelSpec, TuningParams
-from .base import ForwardTemplate, Kernel
+from .base import ForwardTemplate, Kernel, floats, ints, tensors
 
 
 def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
@@ -132,7 +132,11 @@ class AttnFwdGluon(ForwardTemplate):
         }
         # each compute partition loads and stores its own rows of Q and O
         boxes = self.qkvo_boxes(spec, params.block_m // params.gluon, params.block_n, spec.head_dim)
-        return (Kernel("attn_fwd", constexprs, boxes=boxes),)
+        # the causal persistent form takes its tiles from a counter (TILES)
+        queue = tensors("TILES", "i32") if params.persistent and spec.mask == "causal" else ()
+        args = self.io_args(spec) + self.descale_strides(spec) + queue
+        args += ints("Hq group Nq Nk") + floats("sm_scale") + ints("num_tiles")
+        return (Kernel("attn_fwd", args, constexprs, boxes=boxes),)
 
     def candidates(self, spec):
         # fp8's own first: a short study reaches only the warm start's head (the bucket's own

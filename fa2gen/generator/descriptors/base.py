@@ -7,20 +7,69 @@ from typing import Any, ClassVar
 
 from ..spec import KernelSpec, TuningParams
 
+# What a launch passes for each kind of argument (``Arg.kind``).
+ARG_KINDS = ("tensor", "stride", "int", "float")
+# A tensor argument's element type (``Arg.dtype``): the inputs', the output's (bf16 for fp8),
+# fp32 (LSE, delta, dQ's sums, fp8's factors) or int32 (the tile counter).
+TENSOR_TYPES = ("in", "out", "fp32", "i32")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One runtime argument of a kernel, named as its template names it, with what a launch
+    passes for it: a tensor (``kind`` "tensor", by its name; a host descriptor over it where
+    the kernel's ``boxes`` name it), one of a tensor's strides ("stride": dim ``dim`` of the
+    tensor ``of``), or a number ("int", "float": a value of the call, by its name)."""
+
+    name: str
+    kind: str
+    dtype: str = ""  # a tensor's element type, one of TENSOR_TYPES
+    of: str = ""
+    dim: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ARG_KINDS or (self.kind == "tensor") != (self.dtype in TENSOR_TYPES):
+            raise ValueError(f"argument {self.name}: kind {self.kind!r} with dtype {self.dtype!r}")
+
+
+def tensors(names: str, dtype: str = "in") -> tuple[Arg, ...]:
+    """Tensor arguments (space-separated names) of one element type."""
+    return tuple(Arg(n, "tensor", dtype) for n in names.split())
+
+
+def strides(tensor: str, names: str) -> tuple[Arg, ...]:
+    """The batch, head and row strides of ``tensor``, under the template's three names."""
+    return tuple(Arg(n, "stride", of=tensor, dim=i) for i, n in enumerate(names.split()))
+
+
+def ints(names: str) -> tuple[Arg, ...]:
+    return tuple(Arg(n, "int") for n in names.split())
+
+
+def floats(names: str) -> tuple[Arg, ...]:
+    return tuple(Arg(n, "float") for n in names.split())
+
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel of a rendered module: its name, the constexpr values a launch binds, and a
-    Triton kernel's launch options (None: a Gluon kernel's, its module's ``LAUNCH``).
-    ``boxes``: the 4-D box of each host descriptor it takes, by argument, in argument order
-    (a Triton kernel takes them with loads=tma_host).
+    """One kernel of a rendered module: its name, its runtime arguments in the kernel's order
+    (``args``), the constexpr values a launch binds, and a Triton kernel's launch options
+    (None: a Gluon kernel's, its module's ``LAUNCH``).
+    ``boxes``: the 4-D box of each tensor argument it takes as a host descriptor, by name, in
+    argument order.
     ``replaces``: the kernel of the Triton template it stands in for (the Gluon backward's)."""
 
     name: str
+    args: tuple[Arg, ...] = ()
     constexprs: dict[str, int] = field(default_factory=dict)
     options: dict[str, int] | None = None
     boxes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     replaces: str = ""
+
+    def element(self, spec: KernelSpec, name: str) -> str:
+        """The element type of tensor argument ``name`` for ``spec`` ("fp16", "fp32", ...)."""
+        dtype = next(a.dtype for a in self.args if a.name == name)
+        return {"in": spec.dtype, "out": spec.out_dtype}.get(dtype, dtype)
 
 
 @dataclass(frozen=True)
@@ -102,6 +151,18 @@ class ForwardTemplate(Template):
         return rows * spec.head_dim_padded * spec.element_bytes
 
     @staticmethod
+    def io_args(spec: KernelSpec) -> tuple[Arg, ...]:
+        """Q, K, V, O and LSE, then fp8's descaling factors: every forward kernel's first
+        arguments."""
+        args = tensors("Q K V") + tensors("O", "out") + tensors("LSE", "fp32")
+        return args + tensors("DESCALE_Q DESCALE_K DESCALE_V", "fp32") if spec.fp8 else args
+
+    @staticmethod
+    def descale_strides(spec: KernelSpec) -> tuple[Arg, ...]:
+        """fp8's factors' batch and head strides (0 where a factor is per tensor)."""
+        return ints("stride_dsq_b stride_dsq_h stride_dsk_b stride_dsk_h stride_dsv_b stride_dsv_h") if spec.fp8 else ()
+
+    @staticmethod
     def qkvo_boxes(spec: KernelSpec, q_rows: int, kv_rows: int, cols: int) -> dict[str, tuple[int, ...]]:
         """The Q, K, V and O descriptors' boxes; fp8's V is transposed, (B, H, D, N), so its box
         is (D x keys)."""
@@ -130,6 +191,12 @@ class BackwardTemplate(Template):
     rows they own resident (K and V, or Q and dO) and stream two tiles ``num_stages`` deep."""
 
     direction = "bwd"
+
+    @staticmethod
+    def sizes(heads: str) -> tuple[Arg, ...]:
+        """The sizes and scale every backward matmul kernel takes after its tensors (and
+        strides); ``heads``: the heads its grid counts (Hq or Hkv)."""
+        return ints(f"{heads} group Nq Nk") + floats("sm_scale")
 
     @staticmethod
     def owned_and_streamed(spec: KernelSpec, params: TuningParams) -> int:
