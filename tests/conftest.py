@@ -36,3 +36,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "interpreter" in item.keywords and not INTERPRETING:
             item.add_marker(skip_interp)
+
+
+def pytest_collection_finish(session):
+    # The other Tritons' jobs (test_triton_versions) start now and run beside the rest of the
+    # suite, whose own tests then only collect their results.
+    if session.config.option.collectonly:
+        return
+    for module in {item.module for item in session.items if hasattr(getattr(item, "module", None), "start_beside")}:
+        module.start_beside(session.items)
+
+
+def pytest_sessionfinish(session):
+    for module in {item.module for item in session.items if hasattr(getattr(item, "module", None), "stop_beside")}:
+        module.stop_beside()

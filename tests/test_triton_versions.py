@@ -16,8 +16,11 @@ the package index: without it the tests skip, except under CI (``CI`` set), wher
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import venv
 from pathlib import Path
 
@@ -36,12 +39,12 @@ def _unavailable(why: str):
     pytest.skip(why)
 
 
-@pytest.fixture(scope="module", params=OTHERS, ids=lambda v: f"triton{v}")
-def other(request):
-    """(the Triton version, the python of an environment that has it)."""
-    version = request.param
-    if triton.__version__ == version:
-        pytest.skip(f"the suite already runs under Triton {version}")
+class Unavailable(Exception):
+    """An environment that could not be built: the test skips (fails under CI)."""
+
+
+def environment(version: str) -> Path:
+    """The python of an environment that has Triton ``version``, built if missing."""
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fa2gen" / "test-envs"
     env_dir = home / f"triton-{version}-py{sys.version_info.major}.{sys.version_info.minor}"
     python = env_dir / "bin" / "python"
@@ -56,11 +59,12 @@ def other(request):
             timeout=900,
         )
         if got.returncode:
-            _unavailable(f"cannot install triton {version}: {got.stderr.strip()[-300:]}")
+            raise Unavailable(f"cannot install triton {version}: {got.stderr.strip()[-300:]}")
         found = subprocess.run(check, capture_output=True, text=True)
     installed, package = found.stdout.split()
-    assert installed == version and Path(package).resolve().parent.parent == ROOT.resolve(), found.stdout
-    return version, python
+    if installed != version or Path(package).resolve().parent.parent != ROOT.resolve():
+        raise Unavailable(f"the environment for triton {version} holds {found.stdout.strip()}")
+    return python
 
 
 def _env(**extra):
@@ -68,39 +72,9 @@ def _env(**extra):
     return {**env, **extra}
 
 
-def test_every_default_and_shipped_config_compiles_for_sm90(other, tmp_path):
-    version, python = other
-    gluon_only = version != NEWEST
-    r = subprocess.run(
-        [
-            str(python),
-            str(TESTS / "compile_all.py"),
-            "--arch",
-            "sm90",
-            "--workers",
-            "2",
-            *(["--gluon-only"] if gluon_only else []),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        env=_env(FA2GEN_CACHE_DIR=str(tmp_path)),
-    )
-    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
-    assert lines, r.stderr[-3000:]
-    summary = json.loads(lines[-1])
-    assert summary["failures"] == {} and r.returncode == 0
-    sys.path.insert(0, str(TESTS))
-    try:
-        from compile_all import variants
-    finally:
-        sys.path.remove(str(TESTS))
-    assert summary["variants"] == len(variants("sm90", gluon_only=gluon_only)) >= (40 if gluon_only else 100)
-
-
 # The compatibility hooks, rendering, the Gluon kernels' sm90 compiles (spills, ptxas's
 # performance notes, exponentials under a matmul), and the kernels' checks against the
-# reference under the interpreter (about 430 tests, 4 minutes): the forward's on odd shapes
+# reference under the interpreter (about 430 tests, 3 minutes): the forward's on odd shapes
 # along each load path, the backward's and fp8's. Under the older others, the compatibility
 # hooks alone.
 _SAMPLE = [
@@ -116,17 +90,138 @@ _SAMPLE = [
 ]
 
 
-def test_compat_and_interpreter_checks(other):
-    version, python = other
+def _command(version: str, python: Path, job: str, scratch: Path) -> tuple[list[str], dict]:
+    """The command of one job ("compile" or "checks") under ``version``, and its environment."""
+    if job == "compile":
+        gluon = ["--gluon-only"] if version != NEWEST else []
+        argv = [str(python), str(TESTS / "compile_all.py"), "--arch", "sm90", "--workers", "2", *gluon]
+        return argv, _env(FA2GEN_CACHE_DIR=str(scratch))
     tests = _SAMPLE if version == NEWEST else _SAMPLE[:1]
-    r = subprocess.run(
-        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=ROOT,
-        env=_env(),
-    )
-    tail = r.stdout[-3000:]
-    assert r.returncode == 0, tail + r.stderr[-2000:]
+    argv = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={scratch}", *tests]
+    return argv, _env()
+
+
+_JOBS = {
+    "test_every_default_and_shipped_config_compiles_for_sm90": "compile",
+    "test_compat_and_interpreter_checks": "checks",
+}
+
+
+class Beside:
+    """The jobs of the collected tests, run one at a time in a background thread from the end
+    of collection (``conftest.pytest_collection_finish``), beside the rest of the suite: they
+    are most of its CPU time in separate processes, and the suite runs on one core."""
+
+    def __init__(self, jobs: list[tuple[str, str]]):
+        self.jobs = jobs
+        self.done: dict[tuple[str, str], threading.Event] = {job: threading.Event() for job in jobs}
+        self.results: dict = {}
+        self.running: subprocess.Popen | None = None
+        self.stopped = False
+        self.scratch = Path(tempfile.mkdtemp(prefix="fa2gen-tritons-"))
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        pythons: dict = {}
+        for version, job in self.jobs:
+            try:
+                if version not in pythons:
+                    try:
+                        pythons[version] = environment(version)
+                    except Unavailable as e:
+                        pythons[version] = e
+                if isinstance(pythons[version], Unavailable) or self.stopped:
+                    self.results[version, job] = pythons[version] if not self.stopped else Unavailable("stopped")
+                    continue
+                argv, env = _command(version, pythons[version], job, self.scratch / f"{version}-{job}")
+                self.running = subprocess.Popen(
+                    argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+                )
+                out, err = self.running.communicate(timeout=1500)
+                self.results[version, job] = (self.running.returncode, out, err)
+            except Exception as e:  # noqa: BLE001 - reported by the job's test
+                self.results[version, job] = e
+            finally:
+                self.done[version, job].set()
+
+    def result(self, version: str, job: str):
+        if not self.done[version, job].wait(timeout=3000):
+            raise TimeoutError(f"triton {version} {job} did not finish")
+        return self.results[version, job]
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.running is not None and self.running.poll() is None:
+            self.running.kill()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+_beside: Beside | None = None
+
+
+def start_beside(items) -> None:
+    """Start the jobs of the collected tests of this module (those not skipped for the installed
+    Triton), the interpreter checks under the newest first (the longest)."""
+    global _beside
+    jobs = {
+        (item.callspec.params["other"], _JOBS[item.originalname])
+        for item in items
+        if item.module.__name__ == __name__ and item.originalname in _JOBS
+    }
+    jobs = sorted((j for j in jobs if j[0] != triton.__version__), key=lambda j: (j != (NEWEST, "checks"), j))
+    if jobs:
+        _beside = Beside(jobs)
+
+
+def stop_beside() -> None:
+    if _beside is not None:
+        _beside.stop()
+
+
+def _job(version: str, job: str, scratch: Path):
+    """(returncode, stdout, stderr) of a job: from the background run, or run here where it did
+    not start one (a run that collected this test alone through another path)."""
+    if _beside is not None and (version, job) in _beside.done:
+        got = _beside.result(version, job)
+    else:
+        try:
+            argv, env = _command(version, environment(version), job, scratch)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=ROOT, env=env)
+            got = (r.returncode, r.stdout, r.stderr)
+        except Unavailable as e:
+            got = e
+    if isinstance(got, Unavailable):
+        _unavailable(str(got))
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+@pytest.fixture(scope="module", params=OTHERS, ids=lambda v: f"triton{v}")
+def other(request):
+    """A supported Triton version other than the installed one."""
+    if triton.__version__ == request.param:
+        pytest.skip(f"the suite already runs under Triton {request.param}")
+    return request.param
+
+
+def test_every_default_and_shipped_config_compiles_for_sm90(other, tmp_path):
+    code, stdout, stderr = _job(other, "compile", tmp_path)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, stderr[-3000:]
+    summary = json.loads(lines[-1])
+    assert summary["failures"] == {} and code == 0
+    sys.path.insert(0, str(TESTS))
+    try:
+        from compile_all import variants
+    finally:
+        sys.path.remove(str(TESTS))
+    gluon_only = other != NEWEST
+    assert summary["variants"] == len(variants("sm90", gluon_only=gluon_only)) >= (40 if gluon_only else 100)
+
+
+def test_compat_and_interpreter_checks(other, tmp_path):
+    code, stdout, stderr = _job(other, "checks", tmp_path)
+    tail = stdout[-3000:]
+    assert code == 0, tail + stderr[-2000:]
     assert " passed" in tail and " failed" not in tail
