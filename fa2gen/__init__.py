@@ -2,17 +2,17 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "__version__"]
+__all__ = ["attention", "attention_varlen", "__version__"]
 
 
 def __getattr__(name: str):
     # ``attention`` is imported on first use (PEP 562), so that importing a torch-free part
     # such as ``fa2gen.store.shipped`` does not import torch and Triton.
-    if name == "attention":
-        from .runtime.api import attention
+    if name in ("attention", "attention_varlen"):
+        from .runtime import api
 
-        globals()["attention"] = attention
-        return attention
+        globals()[name] = getattr(api, name)
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -204,3 +204,24 @@ def test_ptxas_performance_losses_are_reported():
         assert r.returncode == 0, r.stderr[-2000:]
         assert ("ptxas C7512: wgmma.mma_async instructions are serialized" in r.stdout) == serialised, r.stdout
         assert "attn_bwd_dkdv (sm90): 168 registers" in r.stdout
+
+
+def test_packed_batch_defaults_compile_for_sm90_without_spills():
+    """The varlen forward's sm90 default (pointer loads) at the head dims it is meant for."""
+    code = textwrap.dedent("""
+        import json
+        from fa2gen.generator.ahead import compile_for
+        from fa2gen.generator.spec import KernelSpec
+        from fa2gen.runtime.defaults import default_params
+        out = []
+        for d, mask in ((64, "none"), (128, "causal"), (128, "local")):
+            spec = KernelSpec(dtype="bf16", head_dim=d, mask=mask, varlen=True)
+            res = compile_for(spec, default_params(spec, "sm90", 4096), "sm90")
+            out.append([d, mask, {k: r.spill_bytes for k, r in res.items()}])
+        print(json.dumps(out))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for d, mask, spills in json.loads(r.stdout.strip().splitlines()[-1]):
+        assert spills == {"attn_fwd": 0}, (d, mask, spills)

@@ -59,6 +59,8 @@ class Variant:
         parts = [f"fa2gen_{s.direction}", s.dtype, f"d{s.head_dim}", s.mask]
         if s.softcap:
             parts.append("softcap")
+        if s.varlen:
+            parts.append("varlen")
         parts += [f"{tag}{getattr(p, field)}" for field, tag in _TAGS.items()]
         parts.append(p.loads)
         if s.direction == "bwd":

@@ -58,6 +58,8 @@ class KernelSpec:
     mask: "none", "causal" (bottom-right aligned) or "local" (sliding window whose
         left/right extents are runtime arguments; causal+window is "local" with right=0).
     softcap: whether scores pass through softcap*tanh(s/softcap).
+    varlen: whether q, k and v hold a packed batch of sequences of their own lengths
+        (``cu_seqlens``): each sequence attends to its own keys only. Forward, fp16 and bf16.
     """
 
     direction: str = "fwd"
@@ -65,6 +67,7 @@ class KernelSpec:
     head_dim: int = 64
     mask: str = "none"
     softcap: bool = False
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("KernelSpec", "direction", self.direction, DIRECTIONS)
@@ -72,6 +75,9 @@ class KernelSpec:
         _check_choice("KernelSpec", "head_dim", self.head_dim, HEAD_DIMS)
         _check_choice("KernelSpec", "mask", self.mask, MASKS)
         _check_choice("KernelSpec", "softcap", self.softcap, (False, True))
+        _check_choice("KernelSpec", "varlen", self.varlen, (False, True))
+        if self.varlen and (self.direction != "fwd" or self.dtype in FP8_DTYPES):
+            raise SpecError("KernelSpec.varlen: packed batches run the fp16 and bf16 forward")
         if self.dtype in FP8_DTYPES and self.direction != "fwd":
             raise SpecError(f"KernelSpec.dtype: {self.dtype} is forward only; the backward takes fp16 or bf16")
 
@@ -97,7 +103,11 @@ class KernelSpec:
         return _from_dict(cls, data)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        # varlen only where set: every other spec's dict, and so its rendered code, as before
+        d = dataclasses.asdict(self)
+        if not self.varlen:
+            del d["varlen"]
+        return d
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
 from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
 from .launch import Launch, forward
-from .problem import make_problem
+from .problem import make_problem, make_varlen_problem
 from .reference import attention_reference
+from .varlen import varlen_forward, varlen_reference
 
 _warned_cpu = False
 
@@ -84,6 +85,74 @@ def attention(
     else:
         _warn_cpu()
         out, lse = attention_reference(q, k, v, problem)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    deterministic: bool = False,
+    validate: bool = False,
+):
+    """Attention over a packed batch of sequences of their own lengths (flash-attention's
+    ``flash_attn_varlen_func`` layout).
+
+    q: (total_q, Hq, D); k, v: (total_k, Hkv, D), fp16 or bf16, any strides with a
+    contiguous last dim. cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) offsets on q's device;
+    sequence b is rows cu_seqlens[b] to cu_seqlens[b + 1] and attends to its own keys only.
+    Sequences of length 0 are allowed. max_seqlen_q, max_seqlen_k: the longest sequences'
+    lengths (ints, so the call never reads the offsets: no host sync, CUDA graphs and
+    torch.compile stay possible).
+    The offsets are trusted: they must start at 0, never decrease, end at total_q and
+    total_k, and no sequence may be longer than its max_seqlen; otherwise rows are left
+    unwritten or read out of their sequence. ``validate=True`` checks this first (one host
+    sync) and raises ValueError naming the argument.
+    causal (bottom-right aligned within each sequence), sm_scale, window_size and softcap as
+    in ``attention()``; deterministic is accepted for flash-attention's signature (the forward
+    has no atomics). Forward only so far: q, k and v must not require grad.
+    Returns out (total_q, Hq, D), or (out, lse) with lse (Hq, total_q) fp32.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    problem = make_varlen_problem(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        sm_scale=sm_scale,
+        window_size=window_size,
+        softcap=softcap,
+        validate=validate,
+    )
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError("attention_varlen runs the forward only so far: q, k and v must not require grad")
+    if q.device.type == "cuda":
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        params = select_params(problem, cuda_device_info(index))
+        with torch.cuda.device(index):  # (Triton launches on the current device)
+            out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params)
+    elif interpreting():
+        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, select_params(problem, None))
+    else:
+        _warn_cpu()
+        out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
     return (out, lse) if return_lse else out
 
 

@@ -124,6 +124,13 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
                 if spec.head_dim_padded <= bound:  # the row of this head dim only
                     params = short if seqlen_q <= longest else params
                     break
+    if spec.varlen:
+        # Packed batches: the Triton template's pointer loads on the plain grid. On sm90, two
+        # warp groups on 128 x 64 tiles compiled without spills at D=64, 128 and 256 (108 B at a
+        # padded D=72); the dense defaults there, made for descriptors, spilled 180-840 B at
+        # D=128 with pointer loads.
+        sm90 = TuningParams(128, 64, 8, 3, "pointer")
+        params = sm90 if arch == "sm90" else params.replace(loads="pointer", persistent=0, gluon=0)
     # Short query blocks (decoding, chunked prefill): don't compute 128 rows for a handful.
     if seqlen_q < params.block_m:
         params = params.replace(block_m=max(16, min(params.block_m, next_pow2(seqlen_q))))

@@ -233,6 +233,7 @@ class Launch:
             win_left=left,
             win_right=right,
             num_tiles=tiles,
+            Tq=problem.total_q,
         )
         # the causal persistent Gluon forward takes its tiles from a counter
         self._queue = any(a.name == "TILES" for a in self.kernel.args)
@@ -252,17 +253,19 @@ class Launch:
             self._fallback = Launch(self.problem, params)
         return self._fallback
 
-    def run(self, q, k, v, out, lse, *, descales=None, compile_only: bool = False) -> None:
+    def run(self, q, k, v, out, lse, *, descales=None, cu_seqlens=None, compile_only: bool = False) -> None:
         """``descales``: for fp8 inputs, the three (factor, stride_b, stride_h) of
-        ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here."""
-        self._launch(q, k, v, out, lse, descales, compile_only)
+        ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here.
+        ``cu_seqlens``: a packed batch's (cu_seqlens_q, cu_seqlens_k), with q, k, v and out as
+        ``runtime.varlen.batch_view`` gives them."""
+        self._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens)
 
     def staged_v(self, v: torch.Tensor) -> torch.Tensor:
         """V as this launch's kernel reads it: for fp8, transposed, and with its keys in P's
         order where the kernel is the Gluon one (``transposed_v(key_order=True)``)."""
         return transposed_v(v, key_order=bool(self.params.gluon), kept=self._direct) if self.spec.fp8 else v
 
-    def _launch(self, q, k, v, out, lse, descales, compile_only: bool) -> None:
+    def _launch(self, q, k, v, out, lse, descales, compile_only: bool, cu_seqlens=None) -> None:
         # fp8's staged V is new, contiguous and padded for descriptors: only the caller's
         # tensors decide where the kernel runs, and V is staged once, for the kernel that does
         given = (q, k, out) if self.spec.fp8 else (q, k, v, out)
@@ -271,8 +274,8 @@ class Launch:
         else:
             runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given)
         if not runs_here:
-            return self.fallback()._launch(q, k, v, out, lse, descales, compile_only)
-        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales)
+            return self.fallback()._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens)
+        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales, cu_seqlens)
         if compile_only:
             direct.warmup(kernel, self.grid, args, options)
         else:
@@ -289,7 +292,7 @@ class Launch:
         self.options = compat.codegen({**self.kernel.constexprs, **launch})
         self.module = module
 
-    def prepared(self, q, k, v, out, lse, descales=None):
+    def prepared(self, q, k, v, out, lse, descales=None, cu_seqlens=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
         as ``staged_v`` gives it), so that ``kernel[self.grid](*arguments, **options)`` runs it;
         benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
@@ -298,6 +301,8 @@ class Launch:
         if self.grid is None:  # persistent, first run: as many programs as the SMs hold
             self.grid = (min(self.tiles, self.params.persistent * _sm_count(q.device)),)
         given = {"Q": q, "K": k, "V": v, "O": out, "LSE": lse}
+        if cu_seqlens is not None:
+            given["CU_Q"], given["CU_K"] = cu_seqlens
         if self.spec.fp8:
             if descales is None:
                 descales = check_descales(self.problem, q.device, None, None, None)

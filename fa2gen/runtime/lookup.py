@@ -186,7 +186,8 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
     spec = problem.kernel_spec(direction)
     arch = device.arch if device else "cpu"
     bucket = Bucket.of(problem, spec.direction)
-    if device is not None and not tuned_disabled():
+    # (packed batches have no tuned buckets yet: the default)
+    if device is not None and not tuned_disabled() and not spec.varlen:
         validity = _validity(device)
         for source in (_from_db, _from_shipped):
             found = source(bucket, validity, spec, arch)

@@ -41,13 +41,17 @@ class Problem:
     window_right: int  # -1 = unbounded
     sm_scale: float
     softcap: float
+    # A packed batch (``make_varlen_problem``): seqlen_q and seqlen_k are the longest
+    # sequences' lengths, total_q the packed query rows.
+    varlen: bool = False
+    total_q: int = 0
 
     @property
     def group(self) -> int:
         return self.heads_q // self.heads_kv
 
     def kernel_spec(self, direction: str = "fwd") -> KernelSpec:
-        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0)
+        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0, self.varlen)
 
     def flops(self) -> float:
         """Forward FLOPs by the FlashAttention-2 paper's count (halved when causal and square)."""
@@ -58,9 +62,9 @@ class Problem:
 
 
 @functools.lru_cache(maxsize=None)
-def _spec(direction: str, dtype: str, head_dim: int, mask: str, softcap: bool) -> KernelSpec:
+def _spec(direction: str, dtype: str, head_dim: int, mask: str, softcap: bool, varlen: bool) -> KernelSpec:
     # Specs are immutable and few: build (and validate) each once, not per call.
-    return KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
+    return KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap, varlen=varlen)
 
 
 def _check_tensor(name: str, t) -> None:
@@ -123,6 +127,25 @@ def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), 
         raise ValueError(f"head_dim {D} unsupported: must be a multiple of 8 from 16 to 256")
     if q.dtype == torch.float8_e4m3fn and D <= 16:
         raise ValueError(f"head_dim {D} unsupported for fp8: must be 24 or more (fp8 matmuls reduce over 32 columns)")
+    mask, left, right, scale, cap = _options(D, causal, sm_scale, window_size, softcap)
+    return Problem(
+        batch=B,
+        heads_q=Hq,
+        heads_kv=Hkv,
+        seqlen_q=Nq,
+        seqlen_k=Nk,
+        head_dim=D,
+        dtype=DTYPE_NAMES[q.dtype],
+        mask=mask,
+        window_left=left,
+        window_right=right,
+        sm_scale=scale,
+        softcap=cap,
+    )
+
+
+def _options(D: int, causal, sm_scale, window_size, softcap) -> tuple:
+    """(mask, window left, window right, scale, softcap) from a call's options, checked."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = 1.0 / math.sqrt(D) if sm_scale is None else _check_real("sm_scale", sm_scale, minimum=0.0, inclusive=False)
@@ -143,12 +166,104 @@ def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), 
         mask = "causal"
     else:
         mask = "local"
+    return mask, left, right, scale, cap
+
+
+def _check_packed(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 3:
+        raise ValueError(f"{name} must have 3 dims (total tokens, heads, head_dim), got shape {tuple(t.shape)}")
+    if t.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{name} has dtype {t.dtype}; packed batches take torch.float16 or torch.bfloat16")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
+
+
+def _check_cu_seqlens(name: str, cu, device) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name} must be a 1-D int32 tensor of batch + 1 offsets, got {cu.dtype} {tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}")
+    if cu.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {cu.stride(0)}")
+
+
+def _check_max(name: str, value, total: int) -> int:
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 <= value <= total:
+        raise ValueError(f"{name} must be in [0, {total}] (the packed tokens), got {value}")
+    return int(value)
+
+
+def make_varlen_problem(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    causal=False,
+    sm_scale=None,
+    window_size=(-1, -1),
+    softcap=0.0,
+    validate=False,
+) -> Problem:
+    """A packed batch's Problem: q (total_q, Hq, D), k and v (total_k, Hkv, D), sequence b's
+    rows from cu_seqlens[b] to cu_seqlens[b + 1]. Checks shapes, dtypes, devices and strides
+    without reading the offsets (no host sync); ``validate`` also reads them and checks that
+    they start at 0, never decrease, end at the totals and stay within the max lengths."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_packed(name, t)
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have the same shape as k, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    Tq, Hq, D = q.shape
+    Tk, Hkv = k.shape[0], k.shape[1]
+    if k.shape[2] != D:
+        raise ValueError(f"head_dim mismatch: q {D}, k {k.shape[2]}")
+    if Hq < 1 or Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}), both >= 1")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head_dim {D} unsupported: must be a multiple of 8 from 16 to 256")
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must have one offset per sequence plus one, got "
+            f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    max_q = _check_max("max_seqlen_q", max_seqlen_q, Tq)
+    max_k = _check_max("max_seqlen_k", max_seqlen_k, Tk)
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    if validate:
+        for name, cu, total, longest in (
+            ("cu_seqlens_q", cu_seqlens_q, Tq, max_q),
+            ("cu_seqlens_k", cu_seqlens_k, Tk, max_k),
+        ):
+            offsets = cu.tolist()
+            lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+            if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
+                raise ValueError(f"{name} must start at 0, never decrease and end at {total}, got {offsets}")
+            if max(lengths) > longest:
+                raise ValueError(f"{name} holds a sequence of {max(lengths)} rows, more than its max_seqlen {longest}")
+    mask, left, right, scale, cap = _options(D, causal, sm_scale, window_size, softcap)
     return Problem(
-        batch=B,
+        batch=cu_seqlens_q.shape[0] - 1,
         heads_q=Hq,
         heads_kv=Hkv,
-        seqlen_q=Nq,
-        seqlen_k=Nk,
+        seqlen_q=max_q,
+        seqlen_k=max_k,
         head_dim=D,
         dtype=DTYPE_NAMES[q.dtype],
         mask=mask,
@@ -156,4 +271,6 @@ def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), 
         window_right=right,
         sm_scale=scale,
         softcap=cap,
+        varlen=True,
+        total_q=Tq,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ForwardTemplate, Kernel, floats, ints, strides
+from .base import ForwardTemplate, Kernel, floats, ints, strides, tensors
 
 
 class AttnFwd(ForwardTemplate):
@@ -17,6 +17,7 @@ class AttnFwd(ForwardTemplate):
             "pad_head": spec.head_dim != spec.head_dim_padded,
             "persistent": params.persistent,
             "softcap": spec.softcap,
+            "varlen": spec.varlen,
         }
 
     def kernels(self, spec, params):
@@ -27,7 +28,8 @@ class AttnFwd(ForwardTemplate):
             "BLOCK_N": params.block_n,
         }
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
-        args = self.io_args(spec)
+        # packed batches: each sequence's first query and key row (B + 1 cumulative lengths)
+        args = self.io_args(spec) + (tensors("CU_Q CU_K", "i32") if spec.varlen else ())
         boxes = {}
         if params.loads == "tma_host":  # host descriptors over Q, K, V and O; else their strides
             boxes = self.qkvo_boxes(spec, params.block_m, params.block_n, spec.head_dim_padded)
@@ -37,6 +39,7 @@ class AttnFwd(ForwardTemplate):
             args += strides("O", "stride_ob stride_oh stride_om")
         args += self.descale_strides(spec) + ints("Hq group Nq Nk") + floats("sm_scale softcap")
         args += ints("win_left win_right") + (ints("num_tiles") if params.persistent else ())
+        args += ints("Tq") if spec.varlen else ()  # (the packed query rows: LSE is (Hq, Tq))
         return (Kernel("attn_fwd", args, constexprs, options, boxes),)
 
     def smem(self, spec, params):

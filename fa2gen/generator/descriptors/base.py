@@ -172,6 +172,8 @@ class ForwardTemplate(Template):
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
         if params.dq_mode != "separate":
             return "dq_mode is a backward knob; the forward takes the default 'separate'"
+        if spec.varlen and (params.gluon or params.loads != "pointer" or params.persistent):
+            return "packed batches (varlen) run the Triton template's pointer loads on the plain grid"
         if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
             return (
                 "persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "

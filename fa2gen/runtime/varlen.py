@@ -1,0 +1,53 @@
+"""Packed batches (varlen): sequences of their own lengths in one (total, heads, D) tensor."""
+
+from __future__ import annotations
+
+import torch
+
+from .launch import Launch
+from .problem import Problem
+from .reference import attention_reference
+
+
+def batch_view(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """A packed (total, H, D) tensor as the kernels index it, (batch, H, total, D) with batch
+    stride 0: every sequence sees all rows, and the kernel starts at its own first one."""
+    return t.permute(1, 0, 2).unsqueeze(0).expand(batch, -1, -1, -1)
+
+
+def varlen_forward(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, params, *, out=None, lse=None, launch: Launch | None = None
+):
+    """(out (total_q, Hq, D), lse (Hq, total_q) fp32) of a packed batch, with no host sync.
+    Every query row must lie in a sequence of the offsets (as ``validate`` checks): rows
+    outside every sequence are not written. ``out``/``lse`` may be given preallocated (tests
+    poison them with NaN first)."""
+    out = torch.empty_like(q) if out is None else out
+    if lse is None:
+        lse = torch.empty((problem.heads_q, problem.total_q), dtype=torch.float32, device=q.device)
+    if problem.batch == 0 or problem.seqlen_q == 0:
+        return out, lse
+    b = problem.batch
+    views = [batch_view(t, b) for t in (q, k, v, out)]
+    (launch or Launch(problem, params)).run(*views, lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    return out, lse
+
+
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, compute_dtype=torch.float32):
+    """The PyTorch reference of a packed batch, one sequence at a time (reads the offsets)."""
+    out = torch.zeros_like(q)
+    lse = torch.full((problem.heads_q, problem.total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(problem.batch):
+        (q0, q1), (k0, k1) = (cq[i], cq[i + 1]), (ck[i], ck[i + 1])
+        if q1 == q0 or k1 == k0:  # (no rows, or rows that see no key: zeros, lse -inf)
+            continue
+        one = Problem(**{**problem.__dict__, "batch": 1, "seqlen_q": q1 - q0, "seqlen_k": k1 - k0, "varlen": False})
+        o, s = attention_reference(
+            *(t[a:z].permute(1, 0, 2)[None] for t, (a, z) in ((q, (q0, q1)), (k, (k0, k1)), (v, (k0, k1)))),
+            one,
+            compute_dtype=compute_dtype,
+        )
+        out[q0:q1] = o[0].permute(1, 0, 2)
+        lse[:, q0:q1] = s[0]
+    return out, lse

@@ -1,0 +1,125 @@
+"""Packed batches (attention_varlen): the generated kernel against the reference, one sequence
+at a time, and the checks of its arguments."""
+
+import pytest
+import torch
+from helpers import MASK_CASES
+
+import fa2gen
+from fa2gen.bench.correctness import check_forward
+from fa2gen.runtime.dispatch import select_params
+from fa2gen.runtime.problem import make_problem, make_varlen_problem
+from fa2gen.runtime.varlen import varlen_forward
+
+
+def packed(lengths_q, lengths_k, Hq, Hkv, D, dtype=torch.float16, device="cpu", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rows(n, H):
+        return torch.randn(n, H, D, generator=g).to(dtype).to(device)
+
+    def offsets(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    k = rows(sum(lengths_k), Hkv)
+    return rows(sum(lengths_q), Hq), k, rows(sum(lengths_k), Hkv), offsets(lengths_q), offsets(lengths_k)
+
+
+def check_each_sequence(q, k, v, cq, ck, out, lse, options):
+    """Each sequence judged as a dense call by flash-attention's rule; a sequence without keys
+    returns zeros and lse -inf."""
+    cq, ck = cq.tolist(), ck.tolist()
+    for i in range(len(cq) - 1):
+        (q0, q1), (k0, k1) = (cq[i], cq[i + 1]), (ck[i], ck[i + 1])
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            assert not out[q0:q1].any() and torch.isneginf(lse[:, q0:q1]).all(), f"sequence {i}"
+            continue
+        qs, ks, vs = (t[a:z].permute(1, 0, 2)[None] for t, (a, z) in ((q, (q0, q1)), (k, (k0, k1)), (v, (k0, k1))))
+        verdict = check_forward(
+            qs, ks, vs, make_problem(qs, ks, vs, **options), out[q0:q1].permute(1, 0, 2)[None], lse[None, :, q0:q1]
+        )
+        assert verdict.ok, f"sequence {i} ({q1 - q0} queries, {k1 - k0} keys): {verdict}"
+
+
+# lengths 0 and 1, queries longer and shorter than keys, totals that are no multiple of a block
+LENGTHS = [([5, 0, 1, 37, 19], [9, 3, 0, 37, 70]), ([1, 64, 33], [1, 64, 100])]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("options", MASK_CASES, ids=str)
+@pytest.mark.parametrize("lengths", LENGTHS, ids=["mixed", "short"])
+def test_a_packed_batch_matches_each_sequence_alone(lengths, options):
+    q, k, v, cq, ck = packed(*lengths, Hq=4, Hkv=2, D=72)
+    problem = make_varlen_problem(q, k, v, cq, ck, max(lengths[0]), max(lengths[1]), **options)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((4, q.shape[0]), float("nan"))
+    varlen_forward(q, k, v, cq, ck, problem, select_params(problem, None), out=out, lse=lse)
+    check_each_sequence(q, k, v, cq, ck, out, lse, options)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("D, dtype", [(64, torch.bfloat16), (128, torch.float16), (40, torch.bfloat16)])
+def test_attention_varlen_returns_out_and_lse_for_strided_inputs(D, dtype):
+    lq, lk = [3, 17, 0, 30], [40, 17, 5, 2]
+    q, k, v, cq, ck = packed(lq, lk, Hq=3, Hkv=1, D=D, dtype=dtype, seed=1)
+    q = torch.cat([q, q], dim=1)[:, ::2]  # heads strided: any strides with a contiguous last dim
+    out, lse = fa2gen.attention_varlen(q, k, v, cq, ck, 30, 40, causal=True, return_lse=True, validate=True)
+    assert out.shape == q.shape and lse.shape == (3, q.shape[0]) and lse.dtype == torch.float32
+    check_each_sequence(q, k, v, cq, ck, out, lse, {"causal": True})
+
+
+def _args(**change):
+    q, k, v, cq, ck = packed([3, 4], [5, 2], Hq=2, Hkv=2, D=16)
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=4, max_seqlen_k=5)
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(q=torch.zeros(1, 7, 2, 16, dtype=torch.float16)), ValueError, "q must have 3 dims"),
+        (dict(cu_seqlens_q=torch.tensor([0, 3, 7])), ValueError, "cu_seqlens_q must be a 1-D int32"),
+        (dict(cu_seqlens_k=torch.tensor([0, 7], dtype=torch.int32)), ValueError, "one offset per sequence"),
+        (dict(max_seqlen_q=8), ValueError, "max_seqlen_q must be in"),
+        (dict(max_seqlen_k=2.0), TypeError, "max_seqlen_k must be an int"),
+        (dict(k=torch.zeros(7, 2, 16, dtype=torch.bfloat16)), TypeError, "k has dtype"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(change, error, match):
+    with pytest.raises(error, match=match):
+        fa2gen.attention_varlen(**_args(**change))
+
+
+@pytest.mark.parametrize(
+    "offsets, longest, match",
+    [
+        ([1, 3, 7], 4, "must start at 0"),
+        ([0, 5, 3], 5, "never decrease"),
+        ([0, 3, 6], 4, "end at 7"),
+        ([0, 1, 7], 4, "sequence of 6 rows, more than its max_seqlen 4"),
+    ],
+)
+def test_validate_reads_the_offsets(offsets, longest, match):
+    args = _args(cu_seqlens_q=torch.tensor(offsets, dtype=torch.int32), max_seqlen_q=longest)
+    with pytest.raises(ValueError, match=match):
+        fa2gen.attention_varlen(**args, validate=True)
+
+
+def test_the_backward_is_refused_until_it_exists():
+    args = _args()
+    args["q"].requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward only"):
+        fa2gen.attention_varlen(**args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (100, 0)}], ids=str)
+def test_a_packed_batch_on_the_gpu_mixing_lengths_0_1_and_4k(dtype, options):
+    lq, lk = [0, 1, 4096, 777, 1], [5, 1, 4096, 1000, 0]
+    q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=128, dtype=dtype, device="cuda", seed=2)
+    out, lse = fa2gen.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), return_lse=True, **options)
+    check_each_sequence(q, k, v, cq, ck, out, lse, options)
