@@ -6,10 +6,10 @@ import torch
 from helpers import MASK_CASES
 
 import fa2gen
-from fa2gen.bench.correctness import check_forward
+from fa2gen.bench.correctness import ATOL, check_forward
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.problem import make_problem, make_varlen_problem
-from fa2gen.runtime.varlen import varlen_forward
+from fa2gen.runtime.varlen import varlen_forward, varlen_reference
 
 
 def packed(lengths_q, lengths_k, Hq, Hkv, D, dtype=torch.float16, device="cpu", seed=0):
@@ -108,11 +108,28 @@ def test_validate_reads_the_offsets(offsets, longest, match):
         fa2gen.attention_varlen(**args, validate=True)
 
 
-def test_the_backward_is_refused_until_it_exists():
-    args = _args()
-    args["q"].requires_grad_()
-    with pytest.raises(NotImplementedError, match="forward only"):
-        fa2gen.attention_varlen(**args)
+def check_gradients(q, k, v, cq, ck, problem, options, dout):
+    """attention_varlen's gradients against the fp32 reference's, by flash-attention's rule:
+    each error at most twice PyTorch's own in the inputs' dtype, plus a small atol."""
+    kernel = [t.clone().requires_grad_() for t in (q, k, v)]
+    fa2gen.attention_varlen(*kernel, cq, ck, problem.seqlen_q, problem.seqlen_k, **options).backward(dout)
+    exact = [t.float().requires_grad_() for t in (q, k, v)]
+    varlen_reference(*exact, cq, ck, problem)[0].backward(dout.float())
+    base = [t.clone().requires_grad_() for t in (q, k, v)]
+    varlen_reference(*base, cq, ck, problem, compute_dtype=q.dtype)[0].backward(dout)
+    for name, got, ref, pytorch in zip(("dq", "dk", "dv"), kernel, exact, base):
+        err = (got.grad.float() - ref.grad).abs().max().item()
+        allowed = 2 * (pytorch.grad.float() - ref.grad).abs().max().item() + ATOL
+        assert err <= allowed, f"{name}: error {err:.2e} > {allowed:.2e}"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("options", MASK_CASES[:6], ids=str)
+def test_a_packed_batchs_gradients_match_the_reference(options):
+    lengths = LENGTHS[0]
+    q, k, v, cq, ck = packed(*lengths, Hq=4, Hkv=2, D=40, seed=3)
+    problem = make_varlen_problem(q, k, v, cq, ck, max(lengths[0]), max(lengths[1]), **options)
+    check_gradients(q, k, v, cq, ck, problem, options, torch.randn_like(q))
 
 
 @pytest.mark.gpu
@@ -123,3 +140,5 @@ def test_a_packed_batch_on_the_gpu_mixing_lengths_0_1_and_4k(dtype, options):
     q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=128, dtype=dtype, device="cuda", seed=2)
     out, lse = fa2gen.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), return_lse=True, **options)
     check_each_sequence(q, k, v, cq, ck, out, lse, options)
+    problem = make_varlen_problem(q, k, v, cq, ck, max(lq), max(lk), **options)
+    check_gradients(q, k, v, cq, ck, problem, options, torch.randn_like(q))

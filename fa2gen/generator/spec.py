@@ -59,7 +59,7 @@ class KernelSpec:
         left/right extents are runtime arguments; causal+window is "local" with right=0).
     softcap: whether scores pass through softcap*tanh(s/softcap).
     varlen: whether q, k and v hold a packed batch of sequences of their own lengths
-        (``cu_seqlens``): each sequence attends to its own keys only. Forward, fp16 and bf16.
+        (``cu_seqlens``): each sequence attends to its own keys only. fp16 and bf16.
     """
 
     direction: str = "fwd"
@@ -76,8 +76,8 @@ class KernelSpec:
         _check_choice("KernelSpec", "mask", self.mask, MASKS)
         _check_choice("KernelSpec", "softcap", self.softcap, (False, True))
         _check_choice("KernelSpec", "varlen", self.varlen, (False, True))
-        if self.varlen and (self.direction != "fwd" or self.dtype in FP8_DTYPES):
-            raise SpecError("KernelSpec.varlen: packed batches run the fp16 and bf16 forward")
+        if self.varlen and self.dtype in FP8_DTYPES:
+            raise SpecError("KernelSpec.varlen: packed batches take fp16 or bf16")
         if self.dtype in FP8_DTYPES and self.direction != "fwd":
             raise SpecError(f"KernelSpec.dtype: {self.dtype} is forward only; the backward takes fp16 or bf16")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -15,7 +16,7 @@ from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
 from .launch import Launch, forward
 from .problem import make_problem, make_varlen_problem
 from .reference import attention_reference
-from .varlen import varlen_forward, varlen_reference
+from .varlen import VarlenAttention, varlen_forward, varlen_reference
 
 _warned_cpu = False
 
@@ -120,7 +121,8 @@ def attention_varlen(
     sync) and raises ValueError naming the argument.
     causal (bottom-right aligned within each sequence), sm_scale, window_size and softcap as
     in ``attention()``; deterministic is accepted for flash-attention's signature (the forward
-    has no atomics). Forward only so far: q, k and v must not require grad.
+    and backward have no atomics). Differentiable in q, k and v (generated backward kernels,
+    dQ in its own kernel).
     Returns out (total_q, Hq, D), or (out, lse) with lse (Hq, total_q) fp32.
     """
     if not isinstance(return_lse, bool):
@@ -141,15 +143,19 @@ def attention_varlen(
         softcap=softcap,
         validate=validate,
     )
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError("attention_varlen runs the forward only so far: q, k and v must not require grad")
-    if q.device.type == "cuda":
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        params = select_params(problem, cuda_device_info(index))
-        with torch.cuda.device(index):  # (Triton launches on the current device)
-            out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params)
-    elif interpreting():
-        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, select_params(problem, None))
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if q.device.type == "cuda" or interpreting():
+        index = None
+        if q.device.type == "cuda":
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        info = None if index is None else cuda_device_info(index)
+        params = select_params(problem, info)
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params)
+        with contextlib.nullcontext() if index is None else torch.cuda.device(index):  # (Triton launches there)
+            if grad:
+                out, lse = VarlenAttention.apply(*args, select_params(problem, info, "bwd"))
+            else:
+                out, lse = varlen_forward(*args)
     else:
         _warn_cpu()
         out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem)

@@ -114,6 +114,7 @@ class BackwardLaunch:
             softcap=problem.softcap,
             win_left=left,
             win_right=right,
+            Tq=problem.total_q,
         )
         if self.ds_matmul:
             # Under a causal mask the dK/dV kernel zeroes the skipped tiles within the band of
@@ -192,8 +193,10 @@ class BackwardLaunch:
             self.modules, self.launches = modules, launches
         return self.launches
 
-    def run(self, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, compile_only: bool = False):
-        """The gradients (dq, dk, dv); arguments as ``backward``'s."""
+    def run(self, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, cu_seqlens=None, compile_only: bool = False):
+        """The gradients (dq, dk, dv); arguments as ``backward``'s. ``cu_seqlens``: a packed
+        batch's (cu_seqlens_q, cu_seqlens_k), with the tensors as ``runtime.varlen.batch_view``
+        gives them and lse (Hq, total_q)."""
         if dout.shape != out.shape:
             raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
         if dout.dtype != out.dtype:
@@ -209,14 +212,16 @@ class BackwardLaunch:
         dv = torch.empty_like(v) if dv is None else dv
         if self.problem.batch == 0:
             return dq, dk, dv
-        return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
+        return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens)
 
-    def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool):
+    def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool, cu_seqlens=None):
         if not self._runs_here(q, k, v, dout, dq, dk, dv):
-            return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only)
-        launches, grids, problem = self._load(), self.grids, self.problem
-        delta = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
+            return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens)
+        launches, grids = self._load(), self.grids
+        delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)  # (one per row of LSE)
         given = dict(Q=q, K=k, V=v, O=out, DO=dout, LSE=lse.contiguous(), DELTA=delta, DQ=dq, DK=dk, DV=dv)
+        if cu_seqlens is not None:
+            given["CU_Q"], given["CU_K"] = cu_seqlens
 
         def run(name, grid, given, key=None):
             fn, binding, options = launches[name]

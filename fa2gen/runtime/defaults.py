@@ -6,6 +6,8 @@ pointer-load tiles shrunk to fit their shared memory.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..generator.arch import fits
 from ..generator.spec import KernelSpec, TuningParams, next_pow2
 
@@ -104,6 +106,9 @@ def bucket_default(bucket, arch: str) -> TuningParams:
 def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     """The heuristic default for ``spec`` on ``arch`` ("cpu" means the interpreter)."""
     if spec.direction == "bwd":
+        if spec.varlen:  # packed batches: the Triton template's pointer loads, dQ in its own kernel
+            dense = default_params(dataclasses.replace(spec, varlen=False), arch, seqlen_q)
+            return shrink_to_fit(spec, dense.replace(loads="pointer", dq_mode="separate", gluon=0), arch)
         if arch == "cpu":
             return _BWD_INTERPRETER
         if arch == "sm90" and spec.mask == "causal":

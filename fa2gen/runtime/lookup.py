@@ -28,7 +28,7 @@ from .. import compat
 from ..generator.arch import fits
 from ..generator.spec import TuningParams
 from ..store.buckets import Bucket
-from .defaults import bucket_default
+from .defaults import bucket_default, default_params
 from .device import DeviceInfo
 from .problem import Problem
 
@@ -186,8 +186,9 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
     spec = problem.kernel_spec(direction)
     arch = device.arch if device else "cpu"
     bucket = Bucket.of(problem, spec.direction)
-    # (packed batches have no tuned buckets yet: the default)
-    if device is not None and not tuned_disabled() and not spec.varlen:
+    if spec.varlen:  # packed batches have no tuned buckets yet: the default for their spec
+        return Choice(default_params(spec, arch, problem.seqlen_q), "default")
+    if device is not None and not tuned_disabled():
         validity = _validity(device)
         for source in (_from_db, _from_shipped):
             found = source(bucket, validity, spec, arch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .backward import BackwardLaunch
 from .launch import Launch
 from .problem import Problem
 from .reference import attention_reference
@@ -31,6 +32,35 @@ def varlen_forward(
     views = [batch_view(t, b) for t in (q, k, v, out)]
     (launch or Launch(problem, params)).run(*views, lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
     return out, lse
+
+
+class VarlenAttention(torch.autograd.Function):
+    """A packed batch's forward, and its backward through the generated backward kernels (the
+    forward keeps only out and the log-sum-exp)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, params, backward_params):
+        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.problem, ctx.backward_params = problem, backward_params
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        problem = ctx.problem
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if problem.batch == 0:
+            return dq, dk.zero_(), dv.zero_(), None, None, None, None, None
+        dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+        b = problem.batch
+        views = [batch_view(t, b) for t in (q, k, v, out)]
+        grads = [batch_view(t, b) for t in (dq, dk, dv)]
+        BackwardLaunch(problem, ctx.backward_params).run(
+            *views, lse, batch_view(dout, b), dq=grads[0], dk=grads[1], dv=grads[2], cu_seqlens=(cu_q, cu_k)
+        )
+        return dq, dk, dv, None, None, None, None, None
 
 
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, compute_dtype=torch.float32):

@@ -29,6 +29,7 @@ class AttnBwd(BackwardTemplate):
             "mask": spec.mask,
             "pad_head": spec.head_dim != spec.head_dim_padded,
             "softcap": spec.softcap,
+            "varlen": spec.varlen,
         }
 
     def kernels(self, spec, params):
@@ -37,9 +38,19 @@ class AttnBwd(BackwardTemplate):
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
         passes = {"num_warps": PASS_WARPS, "num_stages": 1}
         rows = {**dims, "BLOCK": pass_rows(spec)}
+        # packed batches: each sequence's first query and key row, and the packed query rows
+        # (LSE and delta are (Hq, Tq))
+        cu_q, cu_qk = (tensors("CU_Q", "i32"), tensors("CU_Q CU_K", "i32")) if spec.varlen else ((), ())
+        tq = ints("Tq") if spec.varlen else ()
         delta = Kernel(
             "attn_bwd_delta",
-            tensors("O", "out") + tensors("DO") + tensors("DELTA", "fp32") + self._strides("O DO") + ints("Hq Nq"),
+            tensors("O", "out")
+            + tensors("DO")
+            + tensors("DELTA", "fp32")
+            + cu_q
+            + self._strides("O DO")
+            + ints("Hq Nq")
+            + tq,
             rows,
             passes,
         )
@@ -62,8 +73,11 @@ class AttnBwd(BackwardTemplate):
         scales = floats("softcap") + ints("win_left win_right")
         inputs = tensors("Q K V DO") + tensors("LSE DELTA", "fp32")
         sums = tensors("DQACC", "fp32") if params.dq_mode != "separate" else ()
-        dkdv_args = inputs + tensors("DK DV") + sums + self._strides("Q K V DO DK DV") + self.sizes("Hkv") + scales
-        dq_args = inputs + tensors("DQ") + self._strides("Q K V DO DQ") + self.sizes("Hq") + scales
+        dkdv_args = (
+            inputs + tensors("DK DV") + sums + cu_qk + self._strides("Q K V DO DK DV") + self.sizes("Hkv") + scales
+        )
+        dq_args = inputs + tensors("DQ") + cu_qk + self._strides("Q K V DO DQ") + self.sizes("Hq") + scales
+        dkdv_args, dq_args = dkdv_args + tq, dq_args + tq
         # dQ in a kernel of its own, or added into fp32 sums by the dK/dV kernel and stored by a pass
         last = Kernel("attn_bwd_dq", dq_args, tiles, options, dq) if params.dq_mode == "separate" else dq_store
         return (delta, Kernel("attn_bwd_dkdv", dkdv_args, tiles, options, dkdv), last)

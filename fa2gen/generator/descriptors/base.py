@@ -210,6 +210,8 @@ class BackwardTemplate(Template):
             return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
         if params.persistent:
             return "persistent is a forward knob; the backward takes the default 0"
+        if spec.varlen and (params.gluon or params.loads != "pointer" or params.dq_mode != "separate"):
+            return "packed batches (varlen) run the Triton template's pointer loads, dQ in its own kernel"
         if params.dq_mode == "matmul" and params.gluon != 1:
             return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
         if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
