@@ -129,7 +129,8 @@ def test_a_packed_batchs_gradients_match_the_reference(options):
     lengths = LENGTHS[0]
     q, k, v, cq, ck = packed(*lengths, Hq=4, Hkv=2, D=40, seed=3)
     problem = make_varlen_problem(q, k, v, cq, ck, max(lengths[0]), max(lengths[1]), **options)
-    check_gradients(q, k, v, cq, ck, problem, options, torch.randn_like(q))
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(q.dtype)
+    check_gradients(q, k, v, cq, ck, problem, options, dout)
 
 
 @pytest.mark.gpu
@@ -141,4 +142,5 @@ def test_a_packed_batch_on_the_gpu_mixing_lengths_0_1_and_4k(dtype, options):
     out, lse = fa2gen.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), return_lse=True, **options)
     check_each_sequence(q, k, v, cq, ck, out, lse, options)
     problem = make_varlen_problem(q, k, v, cq, ck, max(lq), max(lk), **options)
-    check_gradients(q, k, v, cq, ck, problem, options, torch.randn_like(q))
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(dtype).cuda()
+    check_gradients(q, k, v, cq, ck, problem, options, dout)

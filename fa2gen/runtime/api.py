@@ -61,10 +61,7 @@ def attention(
 
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    _check_flags(return_lse=return_lse, deterministic=deterministic)
     key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, (descale_q, descale_k, descale_v))
     launch = None if key is None else cached_launch(key)
     if launch is None:
@@ -125,10 +122,7 @@ def attention_varlen(
     dQ in its own kernel).
     Returns out (total_q, Hq, D), or (out, lse) with lse (Hq, total_q) fp32.
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    _check_flags(return_lse=return_lse, deterministic=deterministic)
     problem = make_varlen_problem(
         q,
         k,
@@ -160,6 +154,12 @@ def attention_varlen(
         _warn_cpu()
         out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
     return (out, lse) if return_lse else out
+
+
+def _check_flags(**flags) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _attention_fp8(q, k, v, problem, launch, key, return_lse: bool, descales):

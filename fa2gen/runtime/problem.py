@@ -80,6 +80,14 @@ def _check_tensor(name: str, t) -> None:
         raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
 
 
+def _check_alike(q, k, v) -> None:
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
+
+
 # The kernel takes scale and softcap as fp32: they must be normal fp32 numbers (or 0).
 _FP32_MIN, _FP32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
 
@@ -100,11 +108,7 @@ def _check_real(name: str, value, *, minimum: float, inclusive: bool) -> float:
 def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0) -> Problem:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
+    _check_alike(q, k, v)
     if q.device.type not in ("cuda", "cpu", "meta"):  # meta: shape-only tracing
         raise ValueError(f"q is on unsupported device {q.device}")
     B, Hq, Nq, D = q.shape
@@ -127,25 +131,14 @@ def make_problem(q, k, v, *, causal=False, sm_scale=None, window_size=(-1, -1), 
         raise ValueError(f"head_dim {D} unsupported: must be a multiple of 8 from 16 to 256")
     if q.dtype == torch.float8_e4m3fn and D <= 16:
         raise ValueError(f"head_dim {D} unsupported for fp8: must be 24 or more (fp8 matmuls reduce over 32 columns)")
-    mask, left, right, scale, cap = _options(D, causal, sm_scale, window_size, softcap)
+    options = _options(D, causal, sm_scale, window_size, softcap)
     return Problem(
-        batch=B,
-        heads_q=Hq,
-        heads_kv=Hkv,
-        seqlen_q=Nq,
-        seqlen_k=Nk,
-        head_dim=D,
-        dtype=DTYPE_NAMES[q.dtype],
-        mask=mask,
-        window_left=left,
-        window_right=right,
-        sm_scale=scale,
-        softcap=cap,
+        batch=B, heads_q=Hq, heads_kv=Hkv, seqlen_q=Nq, seqlen_k=Nk, head_dim=D, dtype=DTYPE_NAMES[q.dtype], **options
     )
 
 
-def _options(D: int, causal, sm_scale, window_size, softcap) -> tuple:
-    """(mask, window left, window right, scale, softcap) from a call's options, checked."""
+def _options(D: int, causal, sm_scale, window_size, softcap) -> dict:
+    """A Problem's mask, window, scale and softcap fields from a call's options, checked."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = 1.0 / math.sqrt(D) if sm_scale is None else _check_real("sm_scale", sm_scale, minimum=0.0, inclusive=False)
@@ -166,7 +159,7 @@ def _options(D: int, causal, sm_scale, window_size, softcap) -> tuple:
         mask = "causal"
     else:
         mask = "local"
-    return mask, left, right, scale, cap
+    return dict(mask=mask, window_left=left, window_right=right, sm_scale=scale, softcap=cap)
 
 
 def _check_packed(name: str, t) -> None:
@@ -220,11 +213,7 @@ def make_varlen_problem(
     they start at 0, never decrease, end at the totals and stay within the max lengths."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_packed(name, t)
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
+    _check_alike(q, k, v)
     if tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"v must have the same shape as k, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     Tq, Hq, D = q.shape
@@ -257,7 +246,6 @@ def make_varlen_problem(
                 raise ValueError(f"{name} must start at 0, never decrease and end at {total}, got {offsets}")
             if max(lengths) > longest:
                 raise ValueError(f"{name} holds a sequence of {max(lengths)} rows, more than its max_seqlen {longest}")
-    mask, left, right, scale, cap = _options(D, causal, sm_scale, window_size, softcap)
     return Problem(
         batch=cu_seqlens_q.shape[0] - 1,
         heads_q=Hq,
@@ -266,11 +254,7 @@ def make_varlen_problem(
         seqlen_k=max_k,
         head_dim=D,
         dtype=DTYPE_NAMES[q.dtype],
-        mask=mask,
-        window_left=left,
-        window_right=right,
-        sm_scale=scale,
-        softcap=cap,
+        **_options(D, causal, sm_scale, window_size, softcap),
         varlen=True,
         total_q=Tq,
     )
