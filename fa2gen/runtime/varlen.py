@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .backward import BackwardLaunch
@@ -57,9 +59,11 @@ class VarlenAttention(torch.autograd.Function):
         b = problem.batch
         views = [batch_view(t, b) for t in (q, k, v, out)]
         grads = [batch_view(t, b) for t in (dq, dk, dv)]
-        BackwardLaunch(problem, ctx.backward_params).run(
-            *views, lse, batch_view(dout, b), dq=grads[0], dk=grads[1], dv=grads[2], cu_seqlens=(cu_q, cu_k)
-        )
+        # (Triton launches on the current device: the inputs' one, as in the forward)
+        with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+            BackwardLaunch(problem, ctx.backward_params).run(
+                *views, lse, batch_view(dout, b), dq=grads[0], dk=grads[1], dv=grads[2], cu_seqlens=(cu_q, cu_k)
+            )
         return dq, dk, dv, None, None, None, None, None
 
 
