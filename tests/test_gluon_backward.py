@@ -455,17 +455,18 @@ def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from fa2gen import compat
     from fa2gen.generator.gluon import descriptor_layout
-    from fa2gen.runtime.launch import gluon_descriptor, host_descriptor
 
     t = torch.randn(2, 3, 96, 128, dtype=torch.float16).transpose(1, 2)
-    assert host_descriptor(t, 64, 128) == TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 128])
+    host = compat.descriptor(t, [1, 1, 64, 128])
+    assert host == TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 128])
     layout = descriptor_layout((1, 1, 64, 128), "fp16")
-    made = gluon_descriptor(t, [1, 1, 64, 128], layout)
+    made = compat.descriptor(t, [1, 1, 64, 128], layout)
     assert made == GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 128], layout)
-    assert type(made) is GluonDescriptor and type(host_descriptor(t, 64, 128)) is TensorDescriptor
+    assert type(made) is GluonDescriptor and type(host) is TensorDescriptor
     with pytest.raises(ValueError, match="power of 2"):  # the box is still checked, once per box
-        host_descriptor(t, 48, 128)
+        compat.descriptor(t, [1, 1, 48, 128])
 
 
 class _MathKernels(_Kernels):

@@ -107,20 +107,6 @@ def gluon_ready(problem: Problem, *tensors: torch.Tensor, persistent: int = 0, h
     )
 
 
-def host_descriptor(t: torch.Tensor, rows: int, cols: int):
-    """A host tensor descriptor over a whole 4-D tensor, (B, H, N, D) or fp8's transposed V
-    (B, H, D, N), with (rows x cols) blocks: rows and columns past its last two dims read as
-    zero and are not written. ``t`` must have passed ``tma_compatible``."""
-    return compat.descriptor(t, [1, 1, rows, cols])
-
-
-def gluon_descriptor(t: torch.Tensor, box: list[int], layout):
-    """A Gluon host descriptor over a whole 4-D tensor with ``box``-shaped blocks staged in
-    ``layout`` (``generator.gluon.descriptor_layout``), which is part of its type. ``t`` must
-    have passed ``tma_compatible``."""
-    return compat.descriptor(t, box, layout)
-
-
 # Under the interpreter a persistent grid this small makes every program walk several tiles.
 _INTERPRETER_SMS = 3
 
@@ -163,9 +149,11 @@ def tile_counter(device: torch.device) -> torch.Tensor:
 
 
 def descriptor_maker(spec, kernel, gluon: bool):
-    """``Binding``'s maker of host descriptors for ``kernel``'s descriptor arguments: Gluon's
-    carry the shared-memory layout of their box and element type (part of a Gluon kernel's
-    type, built once here, not per call)."""
+    """``Binding``'s maker of host descriptors for ``kernel``'s descriptor arguments, each over a
+    whole 4-D tensor ((B, H, N, D), or fp8's transposed V) with the argument's box: rows and
+    columns past the tensor read as zero and are not written. Gluon's carry the shared-memory
+    layout of their box and element type (part of a Gluon kernel's type, built once here, not
+    per call). The tensors must have passed ``tma_compatible``."""
 
     def make(name: str, box: tuple[int, ...]):
         layout = None
