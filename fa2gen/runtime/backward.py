@@ -11,8 +11,7 @@ from ..generator.cache import interpreting, load_module
 from ..generator.descriptors import plan
 from ..generator.spec import TMA_LOADS, TuningParams, triton_part
 from . import direct
-from .binding import Binding
-from .launch import GRID_Y_MAX, GluonDevices, descriptor_maker, effective_params, tma_compatible, window_extents
+from .launch import GRID_Y_MAX, GluonDevices, bound, effective_params, tma_compatible, window_extents
 from .problem import Problem, _check_tensor
 
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
@@ -62,8 +61,8 @@ class BackwardLaunch:
         "dq_add",
         "ds_matmul",
         "ds_chunks",
-        "modules",
         "fixed",
+        "plan",
         "kernels",
         "launches",
         "grids",
@@ -90,12 +89,13 @@ class BackwardLaunch:
         # (gluon=1, dq_mode atomic: the Gluon dK/dV kernel adds dQ; the Triton module's store
         # pass scales and casts the sums)
         self.dq_add = params.gluon == 1 and params.dq_mode == "atomic"
-        # every kernel the variant runs, by name, with its arguments, constexprs, launch options
-        # (a Gluon kernel's: its module's LAUNCH) and descriptor boxes
-        self.kernels = {kernel.name: kernel for _, kernel in plan(spec, params)}
+        # every kernel the variant runs, with the params of its module, and by name: its
+        # arguments, constexprs, launch options (a Gluon kernel's: its module's LAUNCH) and boxes
+        self.plan = plan(spec, params)
+        self.kernels = {kernel.name: kernel for _, kernel in self.plan}
         self.params = params = triton_part(params) if params.gluon else params
         self.atomic = params.dq_mode != "separate"
-        self.modules = self.launches = None  # on the first run: the interpreter check happens there
+        self.launches = None  # on the first run: the interpreter check happens there
         self._fallback = None
         # dK/dV's grid has a program per k/v head; dQ's (gluon=2) one per query head
         gluon = self.gluon.gluon if self.gluon is not None else 0
@@ -183,14 +183,11 @@ class BackwardLaunch:
             launches = {}
             # (dq_mode matmul's Gluon kernels run a chunk at a time: the chunk gives the heads)
             chunked = {k: v for k, v in self.fixed.items() if k not in ("Hq", "Hkv")}
-            for module_params, kernel in plan(self.spec, self.gluon or self.params):
-                module = modules[1] if module_params.gluon else modules[0]
-                gluon = kernel.options is None  # (its options: its module's LAUNCH)
-                options = {**kernel.constexprs, **(module.LAUNCH if gluon else kernel.options)}
+            for module_params, kernel in self.plan:
+                gluon = bool(module_params.gluon)
                 fixed = chunked if gluon and self.ds_matmul else self.fixed
-                binding = Binding(kernel, fixed, descriptor_maker(self.spec, kernel, gluon))
-                launches[kernel.name] = (getattr(module, kernel.name), binding, compat.codegen(options))
-            self.modules, self.launches = modules, launches
+                launches[kernel.name] = bound(self.spec, kernel, modules[gluon], fixed, gluon)
+            self.launches = launches
         return self.launches
 
     def run(self, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, cu_seqlens=None, compile_only: bool = False):

@@ -166,6 +166,14 @@ def descriptor_maker(spec, kernel, gluon: bool):
     return make
 
 
+def bound(spec, kernel, module, fixed, gluon: bool) -> tuple:
+    """(function, ``Binding``, launch options) of one kernel of a loaded ``module``: its
+    descriptor's constexprs with its options (a Gluon kernel's: its module's ``LAUNCH``)."""
+    launch = module.LAUNCH if kernel.options is None else kernel.options
+    binding = Binding(kernel, fixed, descriptor_maker(spec, kernel, gluon))
+    return getattr(module, kernel.name), binding, compat.codegen({**kernel.constexprs, **launch})
+
+
 class Launch:
     """What one launch needs that depends on the problem and the params, not on where
     the tensors live: built once per call shape by ``attention()`` and reused."""
@@ -179,8 +187,7 @@ class Launch:
         "grid",
         "tiles",
         "fixed",
-        "binding",
-        "options",
+        "bound",
         "_queue",
         "_fallback",
         "_gluon_devices",
@@ -196,7 +203,7 @@ class Launch:
         self.spec = spec = problem.kernel_spec()
         # the kernel, its arguments, constexprs, options and descriptor boxes
         [self.kernel] = template_of(spec, params).kernels(spec, params)
-        self.module = self.binding = self.options = None  # on first run: the interpreter check happens there
+        self.module = self.bound = None  # on first run: the interpreter check happens there
         self._fallback = None
         # The backward launches of calls of this shape (runtime.autograd fills it), by
         # whether the backward must be deterministic.
@@ -272,12 +279,9 @@ class Launch:
     def _load(self) -> None:
         if not self.params.gluon and interpreting():
             compat.patch_interpreter()
-        # binding and options first: another thread's first call may see the module set
-        make = descriptor_maker(self.spec, self.kernel, bool(self.params.gluon))
-        self.binding = Binding(self.kernel, self.fixed, make)
         module = load_module(self.spec, self.params)
-        launch = module.LAUNCH if self.kernel.options is None else self.kernel.options
-        self.options = compat.codegen({**self.kernel.constexprs, **launch})
+        # bound first: another thread's first call may see the module set
+        self.bound = bound(self.spec, self.kernel, module, self.fixed, bool(self.params.gluon))
         self.module = module
 
     def prepared(self, q, k, v, out, lse, descales=None, cu_seqlens=None):
@@ -301,7 +305,8 @@ class Launch:
             given["TILES"] = tile_counter(q.device)
         elif self.params.loads == "tma_device" and q.device.type == "cuda":
             ensure_allocator()
-        return getattr(self.module, self.kernel.name), self.binding(given), self.options
+        fn, binding, options = self.bound
+        return fn, binding(given), options
 
 
 def forward(
