@@ -210,6 +210,7 @@ def test_each_descriptor_gives_its_template_exactly_the_variables_it_reads():
             KernelSpec(direction="bwd", dtype="bf16", head_dim=64),
             TuningParams(64, 64, 4, 2, "tma_host", gluon=2),
         ),
+        ("decode", 0): (KernelSpec(direction="decode", dtype="bf16", head_dim=72, paged=True), TuningParams()),
     }
     assert {(t.direction, g) for t in TEMPLATES for g in t.gluon} == set(points)
     env = rendering._environment()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runtime.fp8 import FP8_TORCH, check_descales, dequantized
+from ..runtime.kvcache import kvcache_reference
 from ..runtime.problem import Problem
 from ..runtime.reference import attention_fp8, attention_reference
 
@@ -97,6 +98,31 @@ def check_forward(
         reasons.append("lse error over 2x PyTorch's + atol")
     if lse is not None and not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
         reasons.append("lse -inf pattern differs from the reference")
+    return Verdict(not reasons, out_err, out_base, lse_err, lse_base, "; ".join(reasons))
+
+
+def check_cache(inputs, problem: Problem, out, lse, caches=None, *, atol: float = ATOL) -> Verdict:
+    """Judge a call over a KV cache by the same rule: ``inputs`` are the call's (q, k_cache,
+    v_cache, cache_seqlens, block_table, k, v) as they were before it (the caches unchanged),
+    ``caches`` the (k_cache, v_cache) it appended into, which must equal the reference's
+    exactly (None: not checked)."""
+    exact = [None if t is None else t.float() for t in inputs[:3]] + list(inputs[3:5])
+    exact += [None if t is None else t.float() for t in inputs[5:]]
+    ref, ref_lse, _, _ = kvcache_reference(*exact, problem)
+    base, base_lse, ref_k, ref_v = kvcache_reference(*inputs, problem, compute_dtype=inputs[0].dtype)
+    out_err, out_base = _max_abs_diff(out, ref), _max_abs_diff(base, ref)
+    lse_err, lse_base = _max_abs_diff(lse, ref_lse), _max_abs_diff(base_lse, ref_lse)
+    reasons = []
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        reasons.append("NaN in the output or lse")
+    if out_err > 2 * out_base + atol:
+        reasons.append("output error over 2x PyTorch's + atol")
+    if lse_err > 2 * lse_base + atol:
+        reasons.append("lse error over 2x PyTorch's + atol")
+    if not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)):
+        reasons.append("lse -inf pattern differs from the reference")
+    if caches is not None and not (torch.equal(caches[0], ref_k) and torch.equal(caches[1], ref_v)):
+        reasons.append("the appended cache differs from the reference's")
     return Verdict(not reasons, out_err, out_base, lse_err, lse_base, "; ".join(reasons))
 
 

@@ -61,6 +61,8 @@ class Variant:
             parts.append("softcap")
         if s.varlen:
             parts.append("varlen")
+        if s.paged:
+            parts.append("paged")
         parts += [f"{tag}{getattr(p, field)}" for field, tag in _TAGS.items()]
         parts.append(p.loads)
         if s.direction == "bwd":

@@ -10,16 +10,16 @@ import jinja2
 
 from .. import compat
 from .descriptors import direction_templates, template_of
-from .spec import KernelSpec, SpecError, TuningParams, unsupported
+from .spec import DIRECTIONS, KernelSpec, SpecError, TuningParams, unsupported
 
 # Each direction's Triton template, and its Gluon one (TuningParams.gluon > 0): the files of
 # the descriptors' templates.
-TEMPLATES = {d: direction_templates(d)[0].file for d in ("fwd", "bwd")}
+TEMPLATES = {d: direction_templates(d)[0].file for d in DIRECTIONS}
 GLUON_TEMPLATES = {d: direction_templates(d)[1].file for d in ("fwd", "bwd")}
 GLUON_TEMPLATE = GLUON_TEMPLATES["fwd"]
 # The other templates a direction renders from. A tuned entry chose among all of its
 # direction's templates, so the direction's hash covers them all.
-EXTRA_TEMPLATES = {d: tuple(t.file for t in direction_templates(d)[1:]) for d in ("fwd", "bwd")}
+EXTRA_TEMPLATES = {d: tuple(t.file for t in direction_templates(d)[1:]) for d in DIRECTIONS}
 
 
 @functools.lru_cache(maxsize=1)

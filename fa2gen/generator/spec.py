@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-DIRECTIONS = ("fwd", "bwd")
+DIRECTIONS = ("fwd", "bwd", "decode")
 DTYPES = ("fp16", "bf16", "fp8e4m3")
 FP8_DTYPES = ("fp8e4m3",)  # forward only: e4m3 inputs with descaling factors, bf16 output
 MASKS = ("none", "causal", "local")
@@ -50,7 +50,8 @@ def next_pow2(n: int) -> int:
 class KernelSpec:
     """The function a generated kernel computes.
 
-    direction: "fwd", or "bwd" (the three backward kernels: delta, dK/dV, dQ).
+    direction: "fwd", "bwd" (the three backward kernels: delta, dK/dV, dQ), or "decode"
+        (attention over a KV cache, its keys split across programs: ``attention_with_kvcache``).
     dtype: element type of q/k/v: "fp16" or "bf16" (o in the same type), or "fp8e4m3"
         (forward only: q, k, v in e4m3 with per-tensor or per-head descaling factors, V
         staged transposed, P rounded to e4m3 for its matmul, o in bf16).
@@ -60,6 +61,7 @@ class KernelSpec:
     softcap: whether scores pass through softcap*tanh(s/softcap).
     varlen: whether q, k and v hold a packed batch of sequences of their own lengths
         (``cu_seqlens``): each sequence attends to its own keys only. fp16 and bf16.
+    paged (decode only): whether the KV cache is pages that a block table maps per sequence.
     """
 
     direction: str = "fwd"
@@ -68,6 +70,7 @@ class KernelSpec:
     mask: str = "none"
     softcap: bool = False
     varlen: bool = False
+    paged: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("KernelSpec", "direction", self.direction, DIRECTIONS)
@@ -76,6 +79,11 @@ class KernelSpec:
         _check_choice("KernelSpec", "mask", self.mask, MASKS)
         _check_choice("KernelSpec", "softcap", self.softcap, (False, True))
         _check_choice("KernelSpec", "varlen", self.varlen, (False, True))
+        _check_choice("KernelSpec", "paged", self.paged, (False, True))
+        if self.paged and self.direction != "decode":
+            raise SpecError("KernelSpec.paged: a paged KV cache is the decode direction's")
+        if self.direction == "decode" and (self.varlen or self.dtype in FP8_DTYPES):
+            raise SpecError("KernelSpec: decode takes fp16 or bf16 caches of fixed-length batches (no varlen)")
         if self.varlen and self.dtype in FP8_DTYPES:
             raise SpecError("KernelSpec.varlen: packed batches take fp16 or bf16")
         if self.dtype in FP8_DTYPES and self.direction != "fwd":
@@ -103,10 +111,11 @@ class KernelSpec:
         return _from_dict(cls, data)
 
     def to_dict(self) -> dict:
-        # varlen only where set: every other spec's dict, and so its rendered code, as before
+        # varlen and paged only where set: every other spec's dict, and so its rendered code, as before
         d = dataclasses.asdict(self)
-        if not self.varlen:
-            del d["varlen"]
+        for flag in ("varlen", "paged"):
+            if not d[flag]:
+                del d[flag]
         return d
 
 

@@ -13,8 +13,9 @@ from .autograd import differentiable
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
 from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
-from .launch import Launch, forward
-from .problem import make_problem, make_varlen_problem
+from .kvcache import CacheLaunch, cache_forward, kvcache_reference
+from .launch import Launch, _sm_count, forward
+from .problem import make_kvcache_problem, make_problem, make_varlen_problem
 from .reference import attention_reference
 from .varlen import VarlenAttention, varlen_forward, varlen_reference
 
@@ -156,6 +157,77 @@ def attention_varlen(
     return (out, lse) if return_lse else out
 
 
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    block_table: torch.Tensor | None = None,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    validate: bool = False,
+):
+    """Attention of new query tokens over a KV cache (decoding, chunked prefill), with
+    flash-attention's ``flash_attn_with_kvcache`` layouts. Forward only.
+
+    q: (B, Sq, Hq, D). k_cache, v_cache: (B, S, Hkv, D), or a paged cache (num_blocks,
+    page_size, Hkv, D) with ``block_table`` (B, max_blocks) int32 naming sequence b's pages
+    in order; any page size that is a multiple of 16. cache_seqlens: (B,) int32, the keys
+    each sequence holds before this call. k, v: (B, Sk_new, Hkv, D) new keys and values,
+    written into the cache at positions cache_seqlens[b] onwards by this call (the caller
+    advances cache_seqlens), or None. Sequence b then attends to its first cache_seqlens[b]
+    + Sk_new keys. fp16 or bf16; any strides with a contiguous last dim; Hq % Hkv == 0: the
+    query heads of one k/v head share each load of K and V.
+    causal (bottom-right aligned: query token s sees keys up to s + N_b - Sq), sm_scale,
+    window_size and softcap as in ``attention()``.
+    The lengths and the table are trusted (no host sync): each length must leave room for the
+    new keys and every page of the table must exist, or the kernels read and write outside
+    the cache. ``validate=True`` checks them first (one host sync) and raises ValueError.
+    Long caches are split across programs so that a small batch fills the GPU, the splits
+    then combined through their log-sum-exps.
+    Returns out (B, Sq, Hq, D), or (out, lse) with lse (B, Hq, Sq) fp32.
+    """
+    _check_flags(return_lse=return_lse)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    key = None if validate is not False else _options_key(causal, sm_scale, window_size, softcap)
+    if key is not None:
+        key = _tensors_key(tensors, ("kvcache", *key))
+    launch = None if key is None else cached_launch(key)
+    if launch is None:
+        problem = make_kvcache_problem(
+            *tensors, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap, validate=validate
+        )
+    else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
+        problem = launch.problem
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
+        raise ValueError("attention_with_kvcache is forward only: its tensors must not require grad")
+    if q.device.type == "cuda":
+        index, current = q.device.index, torch.cuda.current_device()
+        if launch is None:
+            info = cuda_device_info(current if index is None else index)
+            launch = CacheLaunch(problem, select_params(problem, info, "decode"), info.sm_count)
+            if key is not None:
+                remember_launch(key, launch)
+        run = functools.partial(cache_forward, *tensors, problem, launch.params, launch=launch)
+        out, lse = run() if index is None or index == current else _on_device(index, run)
+    elif interpreting():
+        params = select_params(problem, None, "decode")
+        out, lse = cache_forward(*tensors, problem, params, launch=CacheLaunch(problem, params, _sm_count(q.device)))
+    else:
+        _warn_cpu()
+        out, lse, k_new, v_new = kvcache_reference(*tensors, problem)
+        if problem.new_keys:  # the reference appends into copies: write them back
+            k_cache.copy_(k_new)
+            v_cache.copy_(v_new)
+    return (out, lse) if return_lse else out
+
+
 def _check_flags(**flags) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
@@ -214,11 +286,15 @@ def _on_device(index, fn, *args, **kwargs):
 
 def _call_key(q, k, v, causal, sm_scale, window_size, softcap, descales=(None, None, None)) -> tuple | None:
     """What makes two CUDA calls launch the same kernel the same way, or None when the
-    call cannot be keyed cheaply (then it is validated and dispatched in full).
+    call cannot be keyed cheaply (then it is validated and dispatched in full)."""
+    options = _options_key(causal, sm_scale, window_size, softcap)
+    return None if options is None else _tensors_key((q, k, v, *descales), options)
 
-    Option types are part of the key: validation rejects ``causal=1`` or
-    ``window_size=(True, 0)``, which compare equal to accepted values.
-    """
+
+def _options_key(causal, sm_scale, window_size, softcap) -> tuple | None:
+    """A call's options as a key, or None where they are not of the plain types validation
+    accepts: it rejects ``causal=1`` or ``window_size=(True, 0)``, which compare equal to
+    accepted values, so the types are part of the key."""
     if (
         causal.__class__ is not bool
         or softcap.__class__ is not float
@@ -229,29 +305,19 @@ def _call_key(q, k, v, causal, sm_scale, window_size, softcap, descales=(None, N
         or window_size[1].__class__ is not int
     ):
         return None
+    return (causal, sm_scale, window_size, softcap)
+
+
+def _tensors_key(tensors, options: tuple) -> tuple | None:
+    """The layout (shape, strides, dtype, device; not the values) of a CUDA call's tensors,
+    None for those not given, after ``options``; None when the first is not a CUDA tensor or
+    any is not a tensor (full validation then says what is wrong)."""
     try:
-        device = q.device
-        if device.type != "cuda":
+        if tensors[0].device.type != "cuda":
             return None
-        return (
-            q.shape,
-            q.stride(),
-            q.dtype,
-            device,
-            k.shape,
-            k.stride(),
-            k.dtype,
-            k.device,
-            v.shape,
-            v.stride(),
-            v.dtype,
-            v.device,
-            causal,
-            sm_scale,
-            window_size,
-            softcap,
-            # the factors' layout (not their values), which validation depends on
-            *(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in descales),
-        )
-    except (AttributeError, TypeError):  # not tensors: full validation says what is wrong
+        key = list(options)
+        for t in tensors:
+            key.append(None if t is None else (t.shape, t.stride(), t.dtype, t.device))
+        return tuple(key)
+    except (AttributeError, TypeError):
         return None

@@ -99,7 +99,11 @@ def shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningPa
 
 def bucket_default(bucket, arch: str) -> TuningParams:
     """The default for every problem of a ``fa2gen.store.buckets.Bucket`` (sized for its
-    rounded-up query length, so the whole bucket gets one answer)."""
+    rounded-up query length, so the whole bucket gets one answer; decode: its rounded-up
+    query tokens times its rounded-up GQA group)."""
+    if bucket.direction == "decode":
+        rows = bucket.seqlen_q * bucket.group
+        return decode_default(bucket.kernel_spec(), arch, rows, max(1, bucket.batch_heads // bucket.group))
     return default_params(bucket.kernel_spec(), arch, bucket.seqlen_q)
 
 
@@ -142,3 +146,59 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     if arch != "cpu":
         params = shrink_to_fit(spec, params, arch)
     return params
+
+
+# Decoding reads the cache once and is bound by memory: each program keeps Q resident and
+# streams K and V tiles num_stages deep. The query heads of one k/v head are rows of one tile
+# (Sq * group rows). From a sweep on the H100 (bf16, D=128, Hq=32, Hkv=8, 1 to 16 query
+# tokens, batch 1 to 64, 512 to 128k keys, contiguous and in pages of 16; 18 tilings, each at
+# several split counts):
+# - with enough (batch, k/v head) pairs to fill the GPU without splits (batch 64: 512), 128
+#   keys a step, 3 stages, read 3138-3223 GB/s against 2903-2983 for 64 keys;
+# - with fewer, split, 64 keys a step and 3 stages led at batch 1 and 8 (2857 GB/s at 128k
+#   keys, batch 1; 3029 at 32k, batch 8), and one program an SM (splits = SMs / pairs) beat
+#   two an SM;
+# - through pages, 128 keys a step and 2 stages led or tied, with twice the splits (2756
+#   GB/s at 128k, batch 1, 32 splits);
+# - 16 query tokens (64-row tiles) read best 64 keys a step.
+_DECODE_FILLS = 256  # (batch, k/v head) pairs that fill an sm90 GPU without splits
+_DECODE_SM90_D256 = TuningParams(block_m=16, block_n=32, num_warps=4, num_stages=3)
+_DECODE_INTERPRETER = TuningParams(block_m=16, block_n=16, num_warps=4, num_stages=1)
+
+
+def decode_default(spec: KernelSpec, arch: str, rows: int, streams: int) -> TuningParams:
+    """The decode template's default for ``spec`` on ``arch`` with ``rows`` packed query rows
+    (query tokens x the GQA group: one tile holds them all, up to 128) and ``streams``
+    (batch, k/v head) pairs."""
+    block_m = max(16, min(128, next_pow2(rows)))
+    if arch == "cpu":
+        return _DECODE_INTERPRETER.replace(block_m=min(32, block_m))
+    if spec.head_dim_padded > 128:
+        params = _DECODE_SM90_D256
+    elif spec.paged:
+        params = TuningParams(block_m=16, block_n=128, num_warps=4, num_stages=2)
+    else:
+        params = TuningParams(block_m=16, block_n=128 if streams >= _DECODE_FILLS else 64, num_warps=4, num_stages=3)
+    params = params.replace(block_m=block_m)
+    if block_m > 16:
+        params = params.replace(block_n=min(params.block_n, 64), num_warps=8 if block_m == 128 else 4)
+    return shrink_to_fit(spec, params, arch)
+
+
+# The fewest keys a split is worth: each split costs a partial row written and read back.
+_DECODE_MIN_KEYS = 128
+
+
+def decode_splits(problem, params: TuningParams, sm_count: int) -> int:
+    """How many programs split each sequence's keys: the tuned ``splits`` knob, else one
+    program an SM (two through pages) without exceeding a wave, each split holding at least
+    ``_DECODE_MIN_KEYS`` keys of the cache's capacity, and at most the combine's
+    ``MAX_SPLITS``."""
+    from ..generator.descriptors.attn_decode import MAX_SPLITS
+
+    if params.splits:
+        return params.splits
+    rows = problem.seqlen_q * problem.group
+    programs = problem.batch * problem.heads_kv * -(-rows // params.block_m)
+    want = (2 if problem.page_size else 1) * sm_count // max(1, programs)
+    return max(1, min(want, problem.seqlen_k // _DECODE_MIN_KEYS, MAX_SPLITS))

@@ -45,13 +45,19 @@ class Problem:
     # sequences' lengths, total_q the packed query rows.
     varlen: bool = False
     total_q: int = 0
+    # A call over a KV cache (``make_kvcache_problem``): seqlen_k is the keys a sequence's
+    # cache holds at most, new_keys the keys the call appends, page_size 0 for a contiguous
+    # cache.
+    new_keys: int = 0
+    page_size: int = 0
 
     @property
     def group(self) -> int:
         return self.heads_q // self.heads_kv
 
     def kernel_spec(self, direction: str = "fwd") -> KernelSpec:
-        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0, self.varlen)
+        paged = direction == "decode" and self.page_size > 0
+        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0, self.varlen, paged)
 
     def flops(self) -> float:
         """Forward FLOPs by the FlashAttention-2 paper's count (halved when causal and square)."""
@@ -62,9 +68,13 @@ class Problem:
 
 
 @functools.lru_cache(maxsize=None)
-def _spec(direction: str, dtype: str, head_dim: int, mask: str, softcap: bool, varlen: bool) -> KernelSpec:
+def _spec(
+    direction: str, dtype: str, head_dim: int, mask: str, softcap: bool, varlen: bool, paged: bool = False
+) -> KernelSpec:
     # Specs are immutable and few: build (and validate) each once, not per call.
-    return KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap, varlen=varlen)
+    return KernelSpec(
+        direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap, varlen=varlen, paged=paged
+    )
 
 
 def _check_tensor(name: str, t) -> None:
@@ -80,8 +90,8 @@ def _check_tensor(name: str, t) -> None:
         raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
 
 
-def _check_alike(q, k, v) -> None:
-    for name, t in (("k", k), ("v", v)):
+def _check_alike(q, k, v, names=("k", "v")) -> None:
+    for name, t in zip(names, (k, v)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
         if t.dtype != q.dtype:
@@ -257,4 +267,123 @@ def make_varlen_problem(
         **_options(D, causal, sm_scale, window_size, softcap),
         varlen=True,
         total_q=Tq,
+    )
+
+
+def _check_cache_tensor(name: str, t, dims: int, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must have {dims} dims ({what}), got shape {tuple(t.shape)}")
+    if t.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{name} has dtype {t.dtype}; the KV cache path takes torch.float16 or torch.bfloat16")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim (stride(-1) == 1), got strides {t.stride()}")
+
+
+def _check_index(name: str, t, shape: tuple, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32 or tuple(t.shape) != shape:
+        raise ValueError(f"{name} must be an int32 tensor of shape {shape}, got {t.dtype} {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim, got strides {t.stride()}")
+
+
+def make_kvcache_problem(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    block_table=None,
+    k=None,
+    v=None,
+    *,
+    causal=False,
+    sm_scale=None,
+    window_size=(-1, -1),
+    softcap=0.0,
+    validate=False,
+) -> Problem:
+    """A call over a KV cache: q (B, Sq, Hq, D); k_cache, v_cache (B, S, Hkv, D), or pages
+    (num_blocks, page_size, Hkv, D) with block_table (B, max_blocks) int32; cache_seqlens (B,)
+    int32; new keys k, v (B, Sk_new, Hkv, D) or None. Checks shapes, dtypes, devices and
+    strides without reading the lengths or the table (no host sync); ``validate`` also reads
+    them: every length in [0, capacity - Sk_new], every page of the table in range."""
+    _check_cache_tensor("q", q, 4, "batch, query tokens, heads, head_dim")
+    B, Sq, Hq, D = q.shape
+    paged = block_table is not None
+    layout = "num_blocks, page_size, heads, head_dim" if paged else "batch, keys, heads, head_dim"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_cache_tensor(name, t, 4, layout)
+    _check_alike(q, k_cache, v_cache, ("k_cache", "v_cache"))
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(
+            f"v_cache must have the same shape as k_cache, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    rows, Hkv = k_cache.shape[1], k_cache.shape[2]
+    if k_cache.shape[3] != D:
+        raise ValueError(f"head_dim mismatch: q {D}, k_cache {k_cache.shape[3]}")
+    if Hq < 1 or Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"q heads ({Hq}) must be a multiple of the cache's k/v heads ({Hkv}), both >= 1")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head_dim {D} unsupported: must be a multiple of 8 from 16 to 256")
+    if Sq < 1:
+        raise ValueError(f"q must hold at least one query token, got shape {tuple(q.shape)}")
+    if paged:
+        if rows < 16 or rows % 16:
+            raise ValueError(f"the page size (k_cache.shape[1]) must be a multiple of 16, got {rows}")
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != B:
+            shape = tuple(block_table.shape) if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+            raise ValueError(f"block_table must be a (batch={B}, max_blocks) int32 tensor, got {shape}")
+        _check_index("block_table", block_table, tuple(block_table.shape), q.device)
+        capacity = block_table.shape[1] * rows
+    else:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences but q has batch {B}")
+        capacity = rows
+    _check_index("cache_seqlens", cache_seqlens, (B,), q.device)
+    new = 0
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the new keys and values to append), or neither")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            _check_cache_tensor(name, t, 4, "batch, new keys, heads, head_dim")
+        _check_alike(q, k, v)
+        if tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or k.shape[2] != Hkv or k.shape[3] != D:
+            raise ValueError(
+                f"k and v must be (batch={B}, new keys, heads={Hkv}, head_dim={D}), "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        new = k.shape[1]
+        if new > capacity:
+            raise ValueError(f"k appends {new} keys, more than the cache holds ({capacity})")
+    if capacity < 1:
+        raise ValueError("the cache holds no keys: k_cache has no rows, or block_table no columns")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    if validate:
+        lengths = cache_seqlens.tolist()
+        bad = [n for n in lengths if not 0 <= n <= capacity - new]
+        if bad:
+            raise ValueError(
+                f"cache_seqlens must lie in [0, {capacity - new}] (the cache less the new keys), got {bad[0]}"
+            )
+        if paged and block_table.numel():
+            lo, hi = int(block_table.min()), int(block_table.max())
+            if lo < 0 or hi >= k_cache.shape[0]:
+                raise ValueError(f"block_table holds page {lo if lo < 0 else hi}, outside [0, {k_cache.shape[0]})")
+    return Problem(
+        batch=B,
+        heads_q=Hq,
+        heads_kv=Hkv,
+        seqlen_q=Sq,
+        seqlen_k=capacity,
+        head_dim=D,
+        dtype=DTYPE_NAMES[q.dtype],
+        **_options(D, causal, sm_scale, window_size, softcap),
+        new_keys=new,
+        page_size=rows if paged else 0,
     )

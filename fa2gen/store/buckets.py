@@ -8,7 +8,10 @@ A bucket keeps exactly what changes the best tiling and rounds the rest:
 - query and key lengths, each rounded up to a power of two from 1 to 65536: they set
   the loop length and, for short queries, the useful block_m;
 - batch x query heads, rounded up to a power of two from 1 to 4096: with the number of
-  query blocks it sets how many programs fill the GPU (occupancy).
+  query blocks it sets how many programs fill the GPU (occupancy);
+- decode only, the KV cache's page size, rounded up to a power of two from 16 to 4096, or 0
+  for a contiguous cache: it sets how far apart the rows of a key block lie. The query length
+  is the new tokens, the key length the keys a cache holds.
 
 Rounding up means a bucket named q4096 holds lengths 2049..4096. The canonical grid of
 the FlashAttention-2 paper lands on bucket boundaries exactly.
@@ -24,6 +27,8 @@ from ..generator.spec import DIRECTIONS, DTYPES, HEAD_DIMS, MASKS, KernelSpec, S
 MAX_SEQ = 65536
 MAX_BH = 4096
 MAX_GROUP = 16
+MAX_PAGE = 4096
+PAGES = (0,) + tuple(1 << i for i in range(4, MAX_PAGE.bit_length()))
 
 
 def ceil_pow2(n: int, cap: int) -> int:
@@ -36,7 +41,7 @@ def _pow2_upto(cap: int) -> tuple[int, ...]:
 
 _PATTERN = re.compile(
     r"^(?P<direction>[a-z]+)/(?P<dtype>[a-z0-9]+)/d(?P<head_dim>\d+)/(?P<mask>[a-z]+)/sc(?P<softcap>[01])"
-    r"/g(?P<group>\d+)/q(?P<seqlen_q>\d+)/k(?P<seqlen_k>\d+)/bh(?P<batch_heads>\d+)$"
+    r"/g(?P<group>\d+)/q(?P<seqlen_q>\d+)/k(?P<seqlen_k>\d+)/bh(?P<batch_heads>\d+)(/p(?P<page>\d+))?$"
 )
 
 
@@ -51,6 +56,7 @@ class Bucket:
     seqlen_q: int
     seqlen_k: int
     batch_heads: int
+    page: int = 0  # decode only: the cache's page size (0: contiguous)
 
     def __post_init__(self) -> None:
         checks = (
@@ -63,10 +69,13 @@ class Bucket:
             ("seqlen_q", self.seqlen_q, _pow2_upto(MAX_SEQ)),
             ("seqlen_k", self.seqlen_k, _pow2_upto(MAX_SEQ)),
             ("batch_heads", self.batch_heads, _pow2_upto(MAX_BH)),
+            ("page", self.page, PAGES),
         )
         for name, value, allowed in checks:
             if type(value) is not type(allowed[0]) or value not in allowed:
                 raise SpecError(f"Bucket.{name}: {value!r} is not one of the allowed values")
+        if self.page and self.direction != "decode":
+            raise SpecError(f"Bucket.page: pages are a KV cache's (decode), not {self.direction}'s")
         self.kernel_spec()  # the combination must be one a kernel computes (fp8: forward only)
 
     @classmethod
@@ -77,7 +86,12 @@ class Bucket:
     def kernel_spec(self) -> KernelSpec:
         """The kernel every problem of this bucket runs."""
         return KernelSpec(
-            direction=self.direction, dtype=self.dtype, head_dim=self.head_dim, mask=self.mask, softcap=self.softcap
+            direction=self.direction,
+            dtype=self.dtype,
+            head_dim=self.head_dim,
+            mask=self.mask,
+            softcap=self.softcap,
+            paged=self.page > 0,
         )
 
     @property
@@ -85,6 +99,7 @@ class Bucket:
         return (
             f"{self.direction}/{self.dtype}/d{self.head_dim}/{self.mask}/sc{int(self.softcap)}"
             f"/g{self.group}/q{self.seqlen_q}/k{self.seqlen_k}/bh{self.batch_heads}"
+            + (f"/p{self.page}" if self.page else "")
         )
 
     @classmethod
@@ -106,17 +121,12 @@ class Bucket:
             seqlen_q=int(g["seqlen_q"]),
             seqlen_k=int(g["seqlen_k"]),
             batch_heads=int(g["batch_heads"]),
+            page=int(g["page"] or 0),
         )
 
     def same_kernel(self, other: "Bucket") -> bool:
         """Whether ``other`` tunes the same kernel spec (its params are valid here)."""
-        return (self.direction, self.dtype, self.head_dim, self.mask, self.softcap) == (
-            other.direction,
-            other.dtype,
-            other.head_dim,
-            other.mask,
-            other.softcap,
-        )
+        return self.kernel_spec() == other.kernel_spec()
 
     def distance(self, other: "Bucket") -> float:
         """How far apart two buckets of the same kernel are, in powers of two."""
@@ -129,6 +139,7 @@ class Bucket:
                 (self.seqlen_q, other.seqlen_q),
                 (self.seqlen_k, other.seqlen_k),
                 (self.batch_heads, other.batch_heads),
+                (max(16, self.page), max(16, other.page)),
             )
         )
 
@@ -146,4 +157,5 @@ def bucket_fields(problem, direction: str = "fwd") -> tuple:
         ceil_pow2(problem.seqlen_q, MAX_SEQ),
         ceil_pow2(problem.seqlen_k, MAX_SEQ),
         ceil_pow2(problem.batch * problem.heads_q, MAX_BH),
+        max(16, ceil_pow2(problem.page_size, MAX_PAGE)) if direction == "decode" and problem.page_size else 0,
     )

@@ -12,11 +12,12 @@ from __future__ import annotations
 from ..spec import KernelSpec, TuningParams, triton_part
 from .attn_bwd import AttnBwd
 from .attn_bwd_gluon import AttnBwdGluon
+from .attn_decode import AttnDecode
 from .attn_fwd import AttnFwd
 from .attn_fwd_gluon import AttnFwdGluon
 from .base import Arg, Kernel, Knob, Template
 
-TEMPLATES: tuple[Template, ...] = (AttnFwd(), AttnBwd(), AttnFwdGluon(), AttnBwdGluon())
+TEMPLATES: tuple[Template, ...] = (AttnFwd(), AttnBwd(), AttnFwdGluon(), AttnBwdGluon(), AttnDecode())
 _BY_VARIANT = {(t.direction, g): t for t in TEMPLATES for g in t.gluon}
 
 

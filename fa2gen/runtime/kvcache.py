@@ -1,0 +1,135 @@
+"""Attention over a KV cache (decoding and chunked prefill): the decode template's three
+kernels launched for one call shape, and the PyTorch reference they are tested against."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import compat
+from ..generator.cache import interpreting, load_module
+from ..generator.descriptors import template_of
+from ..generator.spec import TuningParams, next_pow2
+from . import direct
+from .defaults import decode_splits
+from .launch import _sm_count, bound, window_extents
+from .problem import Problem
+from .reference import attention_reference
+
+
+class CacheLaunch:
+    """The launches of one call shape over a cache: the split count, grids and the numbers of
+    the call, fixed once; built by ``attention_with_kvcache`` and kept for its calls."""
+
+    __slots__ = ("problem", "params", "spec", "kernels", "splits", "grids", "fixed", "bound", "_direct")
+
+    def __init__(self, problem: Problem, params: TuningParams, sm_count: int):
+        self.problem, self.params = problem, params
+        self.spec = spec = problem.kernel_spec("decode")
+        append, decode, combine = template_of(spec, params).kernels(spec, params)
+        self.splits = splits = decode_splits(problem, params, sm_count)
+        # the split count is the launch's: whether partials are written, and the combine's tile
+        decode = dataclasses.replace(decode, constexprs={**decode.constexprs, "SPLIT": int(splits > 1)})
+        combine = dataclasses.replace(combine, constexprs={**combine.constexprs, "SPLITS_PAD": next_pow2(splits)})
+        self.kernels = (append, decode, combine)
+        b, hkv, sq, hq = problem.batch, problem.heads_kv, problem.seqlen_q, problem.heads_q
+        rows = sq * problem.group
+        self.grids = (
+            (-(-problem.new_keys // append.constexprs["APPEND_ROWS"]), b * hkv),
+            (-(-rows // params.block_m), b * hkv, splits),
+            (b * sq * hq,),
+        )
+        left, right = window_extents(problem)
+        self.fixed = dict(
+            Hq=hq,
+            Hkv=hkv,
+            group=problem.group,
+            Sq=sq,
+            Sk_new=problem.new_keys,
+            batch=b,
+            num_splits=splits,
+            rows=b * sq * hq,
+            page_size=problem.page_size,
+            sm_scale=problem.sm_scale,
+            softcap=problem.softcap,
+            win_left=left,
+            win_right=right,
+        )
+        self.bound = None
+        self._direct = {}
+
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse) -> None:
+        """Append ``k``/``v`` (when the problem has new keys), then attend: ``out`` (B, Sq, Hq,
+        D) and ``lse`` (B, Hq, Sq) fp32 are written."""
+        if self.bound is None:
+            if interpreting():
+                compat.patch_interpreter()
+            module = load_module(self.spec, self.params)
+            self.bound = tuple(bound(self.spec, kernel, module, self.fixed, False) for kernel in self.kernels)
+        given = {"Q": q, "K": k_cache, "V": v_cache, "O": out, "LSE": lse, "CACHE_SEQLENS": cache_seqlens}
+        if block_table is not None:
+            given["BLOCK_TABLE"] = block_table
+        (append_fn, append_args, append_opts), (fn, args, opts), (combine_fn, combine_args, combine_opts) = self.bound
+        if self.problem.new_keys:
+            given["K_NEW"], given["V_NEW"] = k, v
+            direct.launch(self._direct, "append_kv", append_fn, self.grids[0], append_args(given), append_opts)
+        if self.splits > 1:  # the splits' outputs and LSEs, in one allocation
+            p = self.problem
+            rows = self.splits * p.batch * p.seqlen_q * p.heads_q
+            parts = torch.empty(rows * (p.head_dim + 1), dtype=torch.float32, device=q.device)
+            given["O_PART"], given["LSE_PART"] = parts[: rows * p.head_dim], parts[rows * p.head_dim :]
+        else:  # (the kernel writes the output itself and never reads these)
+            given["LSE_PART"] = given["O_PART"] = lse
+        direct.launch(self._direct, "attn_decode", fn, self.grids[1], args(given), opts)
+        if self.splits > 1:
+            direct.launch(self._direct, "combine", combine_fn, self.grids[2], combine_args(given), combine_opts)
+
+
+def kvcache_reference(
+    q, k_cache, v_cache, cache_seqlens, block_table, k, v, problem: Problem, *, compute_dtype=torch.float32
+):
+    """(out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32) by PyTorch, one sequence at a time, with the
+    new keys appended into copies of the caches, which are returned too: (out, lse, k_cache,
+    v_cache). Reads the lengths and the table (a host sync)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    out = torch.zeros_like(q)
+    lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("-inf"), device=q.device)
+    page = problem.page_size
+    for b, n in enumerate(cache_seqlens.tolist()):
+        total = n + problem.new_keys
+        if page:
+            pages = block_table[b, : -(-total // page)].long()
+            keys, values = (c[pages].flatten(0, 1) for c in (k_cache, v_cache))  # views of copies
+        else:
+            keys, values = k_cache[b], v_cache[b]
+        if problem.new_keys:
+            keys[n:total], values[n:total] = k[b], v[b]
+            if page:  # write the appended rows back through the table
+                for j in range(n, total):
+                    k_cache[block_table[b, j // page], j % page] = keys[j]
+                    v_cache[block_table[b, j // page], j % page] = values[j]
+        if total == 0:
+            continue
+        one = dataclasses.replace(problem, batch=1, seqlen_k=total, new_keys=0, page_size=0)
+        o, s = attention_reference(
+            q[b : b + 1].transpose(1, 2),
+            keys[None, :total].transpose(1, 2),
+            values[None, :total].transpose(1, 2),
+            one,
+            compute_dtype=compute_dtype,
+        )
+        out[b] = o[0].transpose(0, 1)
+        lse[b] = s[0]
+    return out, lse, k_cache, v_cache
+
+
+def cache_forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, problem, params, *, launch=None, out=None):
+    """Run the decode kernels (``launch``, or one built here); returns (out, lse)."""
+    out = torch.empty_like(q) if out is None else out
+    lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    if problem.batch == 0:
+        return out, lse
+    launch = launch or CacheLaunch(problem, params, _sm_count(q.device))
+    launch.run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse)
+    return out, lse
