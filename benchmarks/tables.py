@@ -79,6 +79,9 @@ SOURCES = [
     )
 ]
 MEMORY = f"{RESULTS}/memory-h200.json"
+# benchmarks/decode.py and benchmarks/varlen.py runs, newest first
+DECODE = [f"{RESULTS}/decode-h100-n128.json", f"{RESULTS}/decode-h100-n64.json"]
+VARLEN = [f"{RESULTS}/varlen-h100.json"]
 TRAIN = f"{RESULTS}/train-gpt-h200.json"
 
 
@@ -200,6 +203,80 @@ def memory_section(path: str) -> None:
     )
 
 
+def _note(path: str) -> None:
+    note = Path(path).with_suffix(".note.md")
+    if note.exists():
+        print(note.read_text().strip() + "\n")
+
+
+def decode_section(path: str) -> None:
+    """GB/s of K and V read per provider, with fa2gen over the best SDPA backend and over the copy."""
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    names = list(rows[0]["providers"])
+    page = rows[0]["page_size"]
+    print(f"## Decoding over a KV cache: {data['device']} ({data['shape']})\n")
+    print(
+        f"torch {data['torch']}, triton {data['triton']}; `benchmarks/decode.py`, source `{path}`. GB/s of K and V "
+        "read (2·B·N·Hkv·D·2 bytes over the median time); `copy` is a device-to-device copy of as many bytes "
+        f"(at most 2 GiB), read + write bytes over its time, in the same cell. `paged`: the same cache in pages of "
+        f"{page} keys, shuffled. `/SDPA` is fa2gen (contiguous) over the fastest SDPA backend of the cell; "
+        "`/copy` over the copy. `-`: the backend refused the cell.\n"
+    )
+    _note(path)
+    print("| Sq | B | keys | " + " | ".join(names) + " | /SDPA | paged/contiguous | /copy |")
+    print("|" + "---|" * (len(names) + 6))
+    ratios, pages, copies = [], [], []
+    for r in rows:
+        gb = {n: r["providers"][n].get("gbps") for n in names}
+        sdpa = max((gb[n] for n in names if n.startswith("sdpa") and gb[n]), default=None)
+        ours, paged = gb["fa2gen-contiguous"], gb["fa2gen-paged"]
+        cells = " | ".join(f"{gb[n]:.0f}" if gb[n] else "-" for n in names)
+        ratio = ours / sdpa if sdpa else None
+        if ratio:
+            ratios.append(ratio)
+        pages.append(paged / ours)
+        big = r["keys"] >= 8192 and r["batch"] >= 8
+        if big:
+            copies.append(ours / gb["copy"])
+        print(
+            f"| {r['sq']} | {r['batch']} | {r['keys']} | {cells} | {f'{ratio:.2f}' if ratio else '-'} | "
+            f"{paged / ours:.2f} | {ours / gb['copy']:.2f} |"
+        )
+    print(
+        f"\nfa2gen / best SDPA: geomean {geomean(ratios):.3f}, at or above on {sum(x >= 1 for x in ratios)} of "
+        f"{len(ratios)} cells, lowest {min(ratios):.2f}. Paged / contiguous: geomean {geomean(pages):.3f}, "
+        f"within 5% on {sum(x >= 0.95 for x in pages)} of {len(pages)}. From 8k keys and batch 8: fa2gen / copy "
+        f"lowest {min(copies):.2f}, at or above 0.85 on {sum(x >= 0.85 for x in copies)} of {len(copies)}.\n"
+    )
+
+
+def varlen_section(path: str) -> None:
+    """A packed batch's TFLOP/s per provider, forward and backward, and varlen over dense."""
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    names = list(rows[0]["providers"])
+    print(f"## Packed batches (varlen): {data['device']}\n")
+    print(
+        f"torch {data['torch']}, triton {data['triton']}; `benchmarks/varlen.py`, source `{path}`. One batch of "
+        f"sequences of lengths {data['lengths']} ({sum(data['lengths'])} tokens), hidden 2048 (H = 2048 / D). "
+        "TFLOP/s of useful work (4·H·N_b²·D per sequence, halved when causal; the backward 2.5x, timed as forward + "
+        "backward less the forward). `fa2gen-dense`: `fa2gen.attention` once per sequence; `-padded`/`-masked`: "
+        "the batch padded to its longest sequence; `flex-document`: FlexAttention with a document mask over the "
+        "packed tokens.\n"
+    )
+    _note(path)
+    print("| dtype | D | causal | pass | " + " | ".join(names) + " | varlen / dense |")
+    print("|" + "---|" * (len(names) + 5))
+    for r in rows:
+        p = r["providers"]
+        for d in ("fwd", "bwd"):
+            cells = " | ".join(f"{p[n][d + '_tflops']:.0f}" if "error" not in p[n] else "-" for n in names)
+            ratio = p["fa2gen-varlen"][d + "_tflops"] / p["fa2gen-dense"][d + "_tflops"]
+            print(f"| {r['dtype']} | {r['head_dim']} | {r['causal']} | {d} | {cells} | {ratio:.2f} |")
+    print()
+
+
 def train_section(path: str) -> None:
     data = json.loads(Path(path).read_text())
     cfg, runs = data["config"], {r["name"]: r for r in data["runs"]}
@@ -233,7 +310,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--memory")
     ap.add_argument("--train")
     args = ap.parse_args(argv)
-    if not args.bench:
+    committed = not args.bench
+    if committed:
         args.bench, args.memory, args.train = SOURCES, args.memory or MEMORY, args.train or TRAIN
     print("# Benchmarks\n")
     print(
@@ -253,6 +331,11 @@ def main(argv: list[str]) -> None:
     )
     for path in args.bench:
         bench_section(path)
+    if committed:
+        for path in DECODE:
+            decode_section(path)
+        for path in VARLEN:
+            varlen_section(path)
     if args.memory:
         memory_section(args.memory)
     if args.train:
