@@ -44,11 +44,14 @@ def _knob_values(texts: list[str]) -> dict:
 
 @app.command()
 def generate(
-    direction: Annotated[str, typer.Option(help="fwd, or bwd (delta, dK/dV and dQ kernels)")] = "fwd",
+    direction: Annotated[
+        str, typer.Option(help="fwd, bwd (delta, dK/dV and dQ kernels), or decode (over a KV cache)")
+    ] = "fwd",
     dtype: Annotated[str, typer.Option(help="fp16, bf16, or fp8e4m3 (fwd only)")] = "fp16",
     head_dim: Annotated[int, typer.Option(help="multiple of 8 in [16, 256]")] = 64,
     mask: Annotated[str, typer.Option(help="none, causal or local")] = "none",
     softcap: Annotated[bool, typer.Option(help="score soft-capping")] = False,
+    paged: Annotated[bool, typer.Option(help="decode only: a paged KV cache")] = False,
     block_m: int = 64,
     block_n: int = 64,
     num_warps: int = 4,
@@ -97,7 +100,7 @@ def generate(
     from .generator import KernelSpec, SpecError, TuningParams, Variant, render
 
     try:
-        spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap)
+        spec = KernelSpec(direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap, paged=paged)
         params = TuningParams(
             block_m=block_m,
             block_n=block_n,
@@ -348,7 +351,10 @@ def tune(
     grid: Annotated[Optional[Path], typer.Option(help="YAML file of problems to tune (default: built-in grid)")] = None,
     directions: Annotated[
         Optional[str],
-        typer.Option(help="fwd, bwd or fwd,bwd (default: fwd for the built-in grid, every direction of a --grid file)"),
+        typer.Option(
+            help="fwd, bwd, decode, or several, comma-separated (default: fwd for the built-in grid, every "
+            "direction of a --grid file)"
+        ),
     ] = None,
     trials: Annotated[
         int,

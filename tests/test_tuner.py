@@ -974,3 +974,78 @@ def test_a_trial_finished_by_another_tuner_meanwhile_keeps_the_first_result(tmp_
     plain = optuna.create_study(study_name="plain", storage=f"sqlite:///{tmp_path / 'plain.db'}")
     t = plain.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
     assert _tell(plain, t, 2.0).value == 2.0
+
+
+def test_decode_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
+    """KV cache buckets (``--directions decode``): their own grid entries with a page size,
+    their own space (pointer loads, the splits knob), and stored winners that
+    attention_with_kvcache's lookup finds for a paged cache of the bucket, not a contiguous one."""
+    from fa2gen.runtime.device import DeviceInfo
+    from fa2gen.runtime.lookup import choose
+    from fa2gen.runtime.problem import Problem
+
+    decode = default_buckets(("decode",))
+    assert len(decode) == 108 and {b.page for b in decode} == {0, 16}
+    assert {(b.seqlen_q, b.mask) for b in decode} == {(1, "none"), (4, "causal"), (16, "causal")}
+    bucket = Bucket("decode", "bf16", 128, "none", False, 4, 1, 8192, 256, 16)
+    optimum = TuningParams(16, 128, 4, 2).replace(splits=8)
+    db, storage, ev, [r] = _tune(tmp_path, [bucket], trials=25, evaluator=CostModelEvaluator(optimum=optimum))
+    assert r.best is not None and {p.loads for p in ev.compiled} == {"pointer"}
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    assert len({t.params["splits"] for t in study.trials}) > 1  # the split count is searched
+    first = TuningParams.from_dict(min(study.trials, key=lambda t: t.number).params)
+    assert first == bucket_default(bucket, "sm90") and first.block_m == 16  # 1 token x a group of 4
+    assert all(p.block_m <= 16 for p in ev.compiled)  # no taller tile than the packed rows
+    assert db.get(VALID, bucket).params == r.best
+    problem = Problem(
+        batch=8,
+        heads_q=32,
+        heads_kv=8,
+        seqlen_q=1,
+        seqlen_k=6000,
+        head_dim=128,
+        dtype="bf16",
+        mask="none",
+        window_left=-1,
+        window_right=-1,
+        sm_scale=0.088,
+        softcap=0.0,
+        page_size=16,
+    )
+    device = DeviceInfo(name="TEST_GPU", capability=(9, 0), arch="sm90", sm_count=132)
+    monkeypatch.setenv("FA2GEN_DB", str(tmp_path / "tuned.sqlite"))
+    monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev: VALID)
+    assert choose(problem, device, "decode").params == r.best
+    contiguous = choose(dataclasses.replace(problem, page_size=0), device, "decode")
+    assert contiguous.source == "default"  # a contiguous cache is another kernel
+
+
+def test_decode_grid_pages_and_representative_problem():
+    [paged] = buckets_from_grid(
+        {
+            "problems": [
+                {
+                    "directions": ["decode"],
+                    "seqlens_q": [1],
+                    "seqlens_k": [5000],
+                    "batch_heads": [8],
+                    "groups": [4],
+                    "head_dims": [128],
+                    "masks": ["none"],
+                    "dtypes": ["fp16"],
+                    "pages": [24],
+                }
+            ]
+        }
+    )
+    assert paged.key == "decode/fp16/d128/none/sc0/g4/q1/k8192/bh8/p32"
+    s = representative_problem(paged)
+    assert (s.page_size, s.seqlen_k, s.seqlen_q, s.heads_q // s.heads_kv) == (32, 8192, 1, 4)
+    assert Bucket.of(s, "decode") == paged
+    for bad in (
+        {"pages": [16]},
+        {"directions": ["decode"], "pages": [-16]},
+        {"directions": ["decode"], "pages": [0.5]},
+    ):
+        with pytest.raises(GridError):
+            buckets_from_grid({"problems": [bad]})

@@ -4,6 +4,7 @@ kernels launched for one call shape, and the PyTorch reference they are tested a
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -59,9 +60,10 @@ class CacheLaunch:
         self.bound = None
         self._direct = {}
 
-    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse) -> None:
+    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse, *, compile_only=False) -> None:
         """Append ``k``/``v`` (when the problem has new keys), then attend: ``out`` (B, Sq, Hq,
-        D) and ``lse`` (B, Hq, Sq) fp32 are written."""
+        D) and ``lse`` (B, Hq, Sq) fp32 are written. ``compile_only`` compiles the kernels this
+        call would launch, without launching them (the tuner's compile workers)."""
         if self.bound is None:
             if interpreting():
                 compat.patch_interpreter()
@@ -70,10 +72,13 @@ class CacheLaunch:
         given = {"Q": q, "K": k_cache, "V": v_cache, "O": out, "LSE": lse, "CACHE_SEQLENS": cache_seqlens}
         if block_table is not None:
             given["BLOCK_TABLE"] = block_table
+        launch = functools.partial(direct.launch, self._direct)
+        if compile_only:
+            launch = _warmup
         (append_fn, append_args, append_opts), (fn, args, opts), (combine_fn, combine_args, combine_opts) = self.bound
         if self.problem.new_keys:
             given["K_NEW"], given["V_NEW"] = k, v
-            direct.launch(self._direct, "append_kv", append_fn, self.grids[0], append_args(given), append_opts)
+            launch("append_kv", append_fn, self.grids[0], append_args(given), append_opts)
         if self.splits > 1:  # the splits' outputs and LSEs, in one allocation
             p = self.problem
             rows = self.splits * p.batch * p.seqlen_q * p.heads_q
@@ -81,9 +86,13 @@ class CacheLaunch:
             given["O_PART"], given["LSE_PART"] = parts[: rows * p.head_dim], parts[rows * p.head_dim :]
         else:  # (the kernel writes the output itself and never reads these)
             given["LSE_PART"] = given["O_PART"] = lse
-        direct.launch(self._direct, "attn_decode", fn, self.grids[1], args(given), opts)
+        launch("attn_decode", fn, self.grids[1], args(given), opts)
         if self.splits > 1:
-            direct.launch(self._direct, "combine", combine_fn, self.grids[2], combine_args(given), combine_opts)
+            launch("combine", combine_fn, self.grids[2], combine_args(given), combine_opts)
+
+
+def _warmup(name, kernel, grid, args, options) -> None:
+    direct.warmup(kernel, grid, args, options)
 
 
 def kvcache_reference(
@@ -124,10 +133,14 @@ def kvcache_reference(
     return out, lse, k_cache, v_cache
 
 
-def cache_forward(q, k_cache, v_cache, cache_seqlens, block_table, k, v, problem, params, *, launch=None, out=None):
-    """Run the decode kernels (``launch``, or one built here); returns (out, lse)."""
+def cache_forward(
+    q, k_cache, v_cache, cache_seqlens, block_table, k, v, problem, params, *, launch=None, out=None, lse=None
+):
+    """Run the decode kernels (``launch``, or one built here); returns (out, lse). ``out``/``lse``
+    may be given preallocated (tests poison them with NaN first)."""
     out = torch.empty_like(q) if out is None else out
-    lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=torch.float32, device=q.device)
     if problem.batch == 0:
         return out, lse
     launch = launch or CacheLaunch(problem, params, _sm_count(q.device))

@@ -375,6 +375,9 @@ def make_kvcache_problem(
             lo, hi = int(block_table.min()), int(block_table.max())
             if lo < 0 or hi >= k_cache.shape[0]:
                 raise ValueError(f"block_table holds page {lo if lo < 0 else hi}, outside [0, {k_cache.shape[0]})")
+    options = _options(D, causal, sm_scale, window_size, softcap)
+    if Sq == 1 and options["mask"] == "causal":  # one query token sees every key: one kernel for both
+        options.update(mask="none", window_right=-1)
     return Problem(
         batch=B,
         heads_q=Hq,
@@ -383,7 +386,7 @@ def make_kvcache_problem(
         seqlen_k=capacity,
         head_dim=D,
         dtype=DTYPE_NAMES[q.dtype],
-        **_options(D, causal, sm_scale, window_size, softcap),
+        **options,
         new_keys=new,
         page_size=rows if paged else 0,
     )

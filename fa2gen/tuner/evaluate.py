@@ -41,7 +41,8 @@ def _is_cuda_fault(e: BaseException) -> bool:
 
 
 def representative_problem(bucket: Bucket) -> Problem:
-    """The problem a bucket is timed on: its upper edge, at most 32 query heads."""
+    """The problem a bucket is timed on: its upper edge, at most 32 query heads (decode: full
+    caches of the bucket's key length, no new keys)."""
     hq = max(bucket.group, min(bucket.batch_heads, 32))
     kw = _semantics(bucket)
     return Problem(
@@ -57,6 +58,7 @@ def representative_problem(bucket: Bucket) -> Problem:
         window_right=0 if bucket.mask != "none" else -1,
         sm_scale=bucket.head_dim**-0.5,
         softcap=kw["softcap"],
+        page_size=bucket.page,
     )
 
 
@@ -142,17 +144,23 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         import torch
 
         from ..runtime.backward import backward
+        from ..runtime.kvcache import CacheLaunch
         from ..runtime.launch import forward
         from ..runtime.problem import TORCH_DTYPES, make_problem
         from ..store.buckets import Bucket
 
         bucket = Bucket.parse(bucket_key)
+        params = TuningParams.from_dict(params_data)
+        if bucket.direction == "decode":
+            inputs, problem = cache_inputs(bucket, empty=True)
+            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            CacheLaunch(problem, params, sms).run(*inputs, *_cache_outputs(inputs, problem), compile_only=True)
+            return None
         s = representative_problem(bucket)
         dt = TORCH_DTYPES[bucket.dtype]
         q = torch.empty(s.batch, s.heads_q, s.seqlen_q, s.head_dim, device="cuda", dtype=dt)
         k = torch.empty(s.batch, s.heads_kv, s.seqlen_k, s.head_dim, device="cuda", dtype=dt)
         problem = make_problem(q, k, k, **_semantics(bucket))
-        params = TuningParams.from_dict(params_data)
         # Compile without launching: a faulty candidate cannot poison this worker's context.
         if bucket.direction == "bwd":
             lse = torch.empty(s.batch, s.heads_q, s.seqlen_q, device="cuda", dtype=torch.float32)
@@ -294,6 +302,8 @@ class GpuEvaluator:
         from ..runtime.launch import Launch, forward
         from ..runtime.problem import TORCH_DTYPES, make_problem, random_normal
 
+        if bucket.direction == "decode":
+            return self._measure_decode(bucket, params)
         if params.gluon and torch.cuda.get_device_capability()[0] != 9:
             # gluon_ready would send every launch to the Triton fallback: not this candidate's time
             raise Rejected("Gluon kernels run on sm90 (Hopper) only")
@@ -354,6 +364,98 @@ class GpuEvaluator:
             tflops=flops(bucket) / t.median_ms / 1e9,
             max_error=error,
         )
+
+    def _measure_decode(self, bucket: Bucket, params: TuningParams) -> Measurement:
+        """Gate on a small cache of odd lengths (0, 1, a part-filled page, new keys appended),
+        then time the representative full caches as attention_with_kvcache runs them (a kept
+        launch on this GPU's SMs)."""
+        import torch
+
+        from ..bench.correctness import check_cache
+        from ..bench.timing import measure as time_it
+        from ..runtime.kvcache import CacheLaunch, cache_forward
+
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        try:
+            gate, problem = cache_inputs(bucket, gate=True, seed=self.seed)
+            before = (gate[0], gate[1].clone(), gate[2].clone(), *gate[3:])
+            out, lse = _cache_outputs(gate, problem, poison=True)
+            cache_forward(*gate, problem, params, launch=CacheLaunch(problem, params, sms), out=out, lse=lse)
+            torch.cuda.synchronize()
+            verdict = check_cache(before, problem, out, lse, (gate[1], gate[2]))
+            if not verdict.ok:
+                raise Rejected(f"wrong result: {verdict}")
+            if bucket not in self._inputs:
+                self._inputs = {bucket: cache_inputs(bucket, seed=self.seed)}  # one bucket's inputs at a time
+            inputs, problem = self._inputs[bucket]
+            out, lse = _cache_outputs(inputs, problem, poison=True)
+            kept = CacheLaunch(problem, params, sms)
+            t = time_it(lambda: cache_forward(*inputs, problem, params, launch=kept, out=out, lse=lse))
+            if torch.isnan(out).any():
+                raise Rejected("NaN in the timed output")
+        except Rejected:
+            raise
+        except Exception as e:  # out of resources or memory: this candidate; a CUDA fault: the device
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            raise Rejected(reason, fatal=_is_cuda_fault(e)) from None
+        return Measurement(
+            median_ms=t.median_ms,
+            p20_ms=t.p20_ms,
+            p80_ms=t.p80_ms,
+            tflops=flops(bucket) / t.median_ms / 1e9,
+            max_error=verdict.out_err,
+        )
+
+
+def cache_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, seed: int = 0):
+    """((q, k_cache, v_cache, cache_seqlens, block_table, k, v), Problem) of a decode bucket on
+    the current GPU: the representative problem's full caches (``empty``: uninitialised, for
+    compiling), or with ``gate`` a small one of 2 x 2 k/v heads whose sequences hold 0 and an
+    odd number of keys, appending two. A paged cache's pages are shuffled in the table."""
+    import torch
+
+    from ..runtime.problem import TORCH_DTYPES, make_kvcache_problem, random_normal
+
+    s = representative_problem(bucket)
+    batch, heads_kv, capacity = (2, 2, min(s.seqlen_k, 640)) if gate else (s.batch, s.heads_kv, s.seqlen_k)
+    page = bucket.page
+    if page:
+        capacity = -(-capacity // page) * page
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kw = dict(dtype=TORCH_DTYPES[bucket.dtype], device="cuda")
+
+    def draw(*shape):
+        return torch.empty(*shape, **kw) if empty else random_normal(*shape, **kw, generator=g)
+
+    q = draw(batch, s.seqlen_q, heads_kv * bucket.group, s.head_dim)
+    rows = (batch * capacity // page, page) if page else (batch, capacity)
+    k_cache, v_cache = draw(*rows, heads_kv, s.head_dim), draw(*rows, heads_kv, s.head_dim)
+    table = None
+    if page:
+        per = capacity // page
+        table = torch.randperm(batch * per, device="cuda", generator=g).view(batch, per).to(torch.int32)
+    k = v = None
+    if gate:
+        lengths = [0, capacity - 2 - (capacity % 2 == 0)]
+        k, v = draw(batch, 2, heads_kv, s.head_dim), draw(batch, 2, heads_kv, s.head_dim)
+    else:
+        lengths = [capacity] * batch
+    lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    inputs = (q, k_cache, v_cache, lens, table, k, v)
+    return inputs, make_kvcache_problem(*inputs, **_semantics(bucket))
+
+
+def _cache_outputs(inputs, problem: Problem, *, poison: bool = False):
+    """(out, lse) for a cache call, filled with NaN when ``poison``."""
+    import torch
+
+    q = inputs[0]
+    out = torch.empty_like(q)
+    lse = torch.empty(problem.batch, problem.heads_q, problem.seqlen_q, dtype=torch.float32, device=q.device)
+    if poison:
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    return out, lse
 
 
 def _semantics(bucket: Bucket) -> dict:

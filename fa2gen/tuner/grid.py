@@ -3,7 +3,8 @@
 Grid file (every key optional except ``problems``; unknown keys are errors)::
 
     problems:
-      - directions: [fwd]              # fwd | bwd
+      - directions: [fwd]              # fwd | bwd | decode (a KV cache: seqlens_q new tokens,
+                                       #   seqlens_k the keys a cache holds)
         dtypes: [fp16, bf16]
         head_dims: [64, 128]
         masks: [none, causal]          # none | causal | local
@@ -15,6 +16,7 @@ Grid file (every key optional except ``problems``; unknown keys are errors)::
         tokens: 16384                  # batch * seqlen_q; with hidden gives batch * heads
         hidden: 2048                   # = heads * head_dim
         batch_heads: [64]              # ... or give batch * heads directly
+        pages: [0, 16]                 # decode only: the KV cache's page size (0: contiguous)
 
 Lengths and batch*heads are rounded up to bucket boundaries (powers of two).
 """
@@ -27,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from ..generator.spec import SpecError
-from ..store.buckets import MAX_BH, MAX_GROUP, MAX_SEQ, Bucket, ceil_pow2
+from ..store.buckets import MAX_BH, MAX_GROUP, MAX_PAGE, MAX_SEQ, Bucket, ceil_pow2
 
 _KEYS = {
     "directions",
@@ -42,6 +44,7 @@ _KEYS = {
     "tokens",
     "hidden",
     "batch_heads",
+    "pages",
 }
 
 CANONICAL_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
@@ -65,6 +68,22 @@ DEFAULT_GRID = {
             "seqlens_k": [8192],
             "batch_heads": [64],
         },
+        # Decoding over a KV cache (``--directions decode``): 1, 4 and 16 new tokens of 32 query
+        # heads in GQA groups of 4, batch 1, 8 and 64, contiguous and in pages of 16 keys.
+        *(
+            {
+                "directions": ["decode"],
+                "dtypes": ["fp16", "bf16"],
+                "head_dims": [128],
+                "masks": [mask],
+                "groups": [4],
+                "seqlens_q": tokens,
+                "seqlens_k": [2048, 8192, 65536],
+                "batch_heads": [32, 256, 2048],
+                "pages": [0, 16],
+            }
+            for mask, tokens in (("none", [1]), ("causal", [4, 16]))  # (one token's causal mask is none)
+        ),
         # The backward pass on the paper's grid (training: no decoding shapes).
         {
             "directions": ["bwd"],
@@ -97,6 +116,12 @@ def _int(block: dict, key: str, default: int) -> int:
     return value
 
 
+def _page(size: int) -> int:
+    if size < 0:
+        raise GridError(f"pages: a page size is 0 (contiguous) or positive, got {size}")
+    return 0 if size == 0 else max(16, ceil_pow2(size, MAX_PAGE))
+
+
 def buckets_from_grid(grid: dict) -> list[Bucket]:
     if not isinstance(grid, dict) or set(grid) != {"problems"} or not isinstance(grid["problems"], list):
         raise GridError("a grid is a mapping with one key, problems: a list of problem blocks")
@@ -127,8 +152,9 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
                 )
             if "batch_heads" in block and ("tokens" in block or "hidden" in block):
                 raise GridError("give batch_heads, or tokens with hidden, not both")
-            for di, dt, d, m, sc, g, (nq, nk) in itertools.product(
-                directions, dtypes, head_dims, masks, softcaps, groups, pairs
+            pages = [0] if "pages" not in block else [_page(p) for p in _list(block, "pages", None, int)]
+            for di, dt, d, m, sc, g, (nq, nk), page in itertools.product(
+                directions, dtypes, head_dims, masks, softcaps, groups, pairs, pages
             ):
                 if min(nq, nk, g) < 1:
                     raise GridError(f"non-positive size in {block!r}")
@@ -148,6 +174,7 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
                         ceil_pow2(nq, MAX_SEQ),
                         ceil_pow2(nk, MAX_SEQ),
                         ceil_pow2(max(bh, 1), MAX_BH),
+                        page,
                     )
                     out[b.key] = b
         except SpecError as e:

@@ -93,11 +93,17 @@ def prune_reason(space: SearchSpace, spec: KernelSpec, bucket: Bucket, params: T
         return why
     # Each warp needs at least 256 elements (one 16x16 MMA tile) of the tile the warps split:
     # the forward's score tile; the backward's block_m x D gradient accumulators.
-    split = params.block_n if spec.direction == "fwd" else spec.head_dim_padded
+    split = params.block_n if spec.direction in ("fwd", "decode") else spec.head_dim_padded
     if params.block_m * split < 256 * params.num_warps:
         return f"{params.block_m}x{split} tile too small for {params.num_warps} warps"
     # Rows past the sequence are pure waste: no tile taller than the bucket needs.
-    if spec.direction == "fwd":
+    if spec.direction == "decode":  # the packed rows: new tokens times the GQA group
+        rows = bucket.seqlen_q * bucket.group
+        if params.block_m > max(16, rows):
+            return f"block_m {params.block_m} exceeds the bucket's {rows} packed query rows"
+        if params.block_n > max(16, bucket.seqlen_k):
+            return f"block_n {params.block_n} exceeds the bucket's key length {bucket.seqlen_k}"
+    elif spec.direction == "fwd":
         if params.block_m > max(16, bucket.seqlen_q):
             return f"block_m {params.block_m} exceeds the bucket's query length {bucket.seqlen_q}"
         if params.block_n > max(16, bucket.seqlen_k):
@@ -132,6 +138,13 @@ BWD_SPACES = {
         gluon=(0, 1, 2) if arch == "sm90" else (0,),
     )
     for arch in SPACES
+}
+
+# Decoding over a KV cache: pointer loads on the plain grid; tiles of the packed query rows (up to
+# 128) by 32 to 128 keys, and the split count (the decode template's knob, whose 0 is the
+# heuristic: runtime.defaults.decode_splits).
+DECODE_SPACES = {
+    arch: SearchSpace(arch, _TILES[:4], _TILES[1:4], (4, 8), (1, 2, 3, 4), ("pointer",)) for arch in SPACES
 }
 
 # Knobs whose values are ordered (sizes, counts): a local move goes to the next value either side.
@@ -170,7 +183,7 @@ def space_for(arch: str, direction: str = "fwd") -> SearchSpace:
     if arch not in SPACES:
         raise ValueError(f"--arch: no search space for {arch!r}; choose from {', '.join(SPACES)}")
     assert arch in ARCHES
-    space = BWD_SPACES[arch] if direction == "bwd" else SPACES[arch]
+    space = {"bwd": BWD_SPACES, "decode": DECODE_SPACES}.get(direction, SPACES)[arch]
     # with the knobs of the direction's templates that this arch searches
     extra = tuple(
         (k.name, k.searched[arch]) for t in direction_templates(direction) for k in t.knobs if arch in k.searched

@@ -28,6 +28,7 @@ class AttnDecode(Template):
             default=0,
             help="programs a sequence's keys are split across (0: as many as fill the GPU, "
             "runtime.defaults.decode_splits)",
+            searched={"sm90": (0, 1, 2, 4, 8, 16, 32, 64)},
         ),
     )
 
