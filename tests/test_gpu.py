@@ -119,11 +119,10 @@ def test_bench_cli_on_gpu(tmp_path):
             assert 0 < p20 <= median <= p80, (name, row["ms"][name])
 
 
-def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
-    """A short real tuning run: parallel compile, correctness gate, timing, storage."""
+def _tune_on_gpu(tmp_path, bucket, trials: int, batch: int):
+    """A short real tuning run of one bucket on this GPU: (its result, the entries stored)."""
     import triton
 
-    from fa2gen.store.buckets import Bucket
     from fa2gen.store.db import TunedDB
     from fa2gen.store.records import Validity
     from fa2gen.tuner.evaluate import GpuEvaluator
@@ -131,7 +130,6 @@ def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
     from fa2gen.tuner.space import space_for
 
     dev = cuda_device_info(torch.cuda.current_device())
-    bucket = Bucket("fwd", "fp16", 128, "causal", False, 1, 2048, 2048, 64)
     db = TunedDB(tmp_path / "t.sqlite")
     ev = GpuEvaluator(workers=4)
     try:
@@ -142,46 +140,30 @@ def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
             db=db,
             storage=open_storage(f"sqlite:///{tmp_path / 's.sqlite'}"),
             validity_for=lambda b: Validity(dev.name, f"{dev.capability[0]}.{dev.capability[1]}", triton.__version__),
-            options=TuneOptions(trials=8, batch=4),
+            options=TuneOptions(trials=trials, batch=batch),
         )
     finally:
         ev.close()
+    return r, list(db.entries(bucket=bucket.key))
+
+
+def test_tune_on_gpu_stores_a_correct_winner(tmp_path):
+    """A short real tuning run: parallel compile, correctness gate, timing, storage."""
+    from fa2gen.store.buckets import Bucket
+
+    r, [stored] = _tune_on_gpu(tmp_path, Bucket("fwd", "fp16", 128, "causal", False, 1, 2048, 2048, 64), 8, 4)
     assert r.best is not None and r.default_ms is not None
     assert r.measurement.tflops > 50 and r.measurement.max_error < 1e-2
-    [stored] = list(db.entries(bucket=bucket.key))
     assert stored.params == r.best
 
 
 def test_tune_a_paged_decode_bucket_on_gpu(tmp_path):
     """A short real tuning run of a KV cache bucket: compiles in workers, the cache gate
     (lengths 0 and odd, keys appended through shuffled pages), timing, storage."""
-    import triton
-
     from fa2gen.store.buckets import Bucket
-    from fa2gen.store.db import TunedDB
-    from fa2gen.store.records import Validity
-    from fa2gen.tuner.evaluate import GpuEvaluator
-    from fa2gen.tuner.run import TuneOptions, open_storage, tune
-    from fa2gen.tuner.space import space_for
 
-    dev = cuda_device_info(torch.cuda.current_device())
-    bucket = Bucket("decode", "bf16", 128, "causal", False, 4, 4, 8192, 64, 16)
-    db = TunedDB(tmp_path / "t.sqlite")
-    ev = GpuEvaluator(workers=4)
-    try:
-        [r] = tune(
-            [bucket],
-            ev,
-            space_for(dev.arch),
-            db=db,
-            storage=open_storage(f"sqlite:///{tmp_path / 's.sqlite'}"),
-            validity_for=lambda b: Validity(dev.name, f"{dev.capability[0]}.{dev.capability[1]}", triton.__version__),
-            options=TuneOptions(trials=6, batch=3),
-        )
-    finally:
-        ev.close()
+    r, [stored] = _tune_on_gpu(tmp_path, Bucket("decode", "bf16", 128, "causal", False, 4, 4, 8192, 64, 16), 6, 3)
     assert r.best is not None and r.default_ms is not None and r.measurement.max_error < 1e-2
-    [stored] = list(db.entries(bucket=bucket.key))
     assert stored.params == r.best
 
 

@@ -292,6 +292,25 @@ class GpuEvaluator:
         return self._inputs[bucket]
 
     def measure(self, bucket, params):
+        run = self._decode if bucket.direction == "decode" else self._attention
+        try:
+            t, error = run(bucket, params)
+        except Rejected:
+            raise
+        except Exception as e:  # out of resources or memory: this candidate; a CUDA fault: the device
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            raise Rejected(reason, fatal=_is_cuda_fault(e)) from None
+        return Measurement(
+            median_ms=t.median_ms,
+            p20_ms=t.p20_ms,
+            p80_ms=t.p80_ms,
+            tflops=flops(bucket) / t.median_ms / 1e9,
+            max_error=error,
+        )
+
+    def _attention(self, bucket: Bucket, params: TuningParams):
+        """The forward or backward: gate on an odd small problem, then time the representative
+        one; (timing, the gate's largest error)."""
         import torch
 
         from ..bench.correctness import check_backward, check_forward
@@ -302,8 +321,6 @@ class GpuEvaluator:
         from ..runtime.launch import Launch, forward
         from ..runtime.problem import TORCH_DTYPES, make_problem, random_normal
 
-        if bucket.direction == "decode":
-            return self._measure_decode(bucket, params)
         if params.gluon and torch.cuda.get_device_capability()[0] != 9:
             # gluon_ready would send every launch to the Triton fallback: not this candidate's time
             raise Rejected("Gluon kernels run on sm90 (Hopper) only")
@@ -323,52 +340,40 @@ class GpuEvaluator:
             fwd_params = bucket_default(dataclasses.replace(bucket, direction="fwd"), arch)
         out = torch.full(gq.shape, float("nan"), device="cuda", dtype=TORCH_DTYPES[gp.kernel_spec().out_dtype])
         lse = torch.full((2, 2 * bucket.group, nq), float("nan"), device="cuda")
-        try:
-            forward(gq, gk, gv, gp, fwd_params, out=out, lse=lse)
-            if bwd:
-                dout = torch.randn_like(out)
-                grads = [torch.full_like(t, float("nan")) for t in (gq, gk, gv)]
-                backward(gq, gk, gv, out, lse, dout, gp, params, dq=grads[0], dk=grads[1], dv=grads[2])
-                torch.cuda.synchronize()
-                verdict = check_backward(gq, gk, gv, gp, dout, *grads)
-                error = max(e for e, _ in verdict.errors.values())
-            else:
-                torch.cuda.synchronize()
-                verdict = check_forward(gq, gk, gv, gp, out, lse)
-                error = verdict.out_err
-            if not verdict.ok:
-                raise Rejected(f"wrong result: {verdict}")
-            q, k, v, problem = self._problem_inputs(bucket)
-            if bwd:
-                o, o_lse = forward(q, k, v, problem, fwd_params)
-                dout = torch.randn_like(o)
-                timed = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-                # timed as attention() runs it: with the launch it keeps per call shape
-                kept = BackwardLaunch(problem, params)
-                t = time_it(lambda: kept.run(q, k, v, o, o_lse, dout, dq=timed[0], dk=timed[1], dv=timed[2]))
-            else:
-                timed = [torch.full(q.shape, float("nan"), device="cuda", dtype=out.dtype)]
-                kept = Launch(problem, params, cuda_device_info(torch.cuda.current_device()).sm_count)
-                t = time_it(lambda: forward(q, k, v, problem, params, out=timed[0], launch=kept))
-            if any(torch.isnan(x).any() for x in timed):
-                raise Rejected("NaN in the timed output")
-        except Rejected:
-            raise
-        except Exception as e:  # out of resources or memory: this candidate; a CUDA fault: the device
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            raise Rejected(reason, fatal=_is_cuda_fault(e)) from None
-        return Measurement(
-            median_ms=t.median_ms,
-            p20_ms=t.p20_ms,
-            p80_ms=t.p80_ms,
-            tflops=flops(bucket) / t.median_ms / 1e9,
-            max_error=error,
-        )
+        forward(gq, gk, gv, gp, fwd_params, out=out, lse=lse)
+        if bwd:
+            dout = torch.randn_like(out)
+            grads = [torch.full_like(t, float("nan")) for t in (gq, gk, gv)]
+            backward(gq, gk, gv, out, lse, dout, gp, params, dq=grads[0], dk=grads[1], dv=grads[2])
+            torch.cuda.synchronize()
+            verdict = check_backward(gq, gk, gv, gp, dout, *grads)
+            error = max(e for e, _ in verdict.errors.values())
+        else:
+            torch.cuda.synchronize()
+            verdict = check_forward(gq, gk, gv, gp, out, lse)
+            error = verdict.out_err
+        if not verdict.ok:
+            raise Rejected(f"wrong result: {verdict}")
+        q, k, v, problem = self._problem_inputs(bucket)
+        if bwd:
+            o, o_lse = forward(q, k, v, problem, fwd_params)
+            dout = torch.randn_like(o)
+            timed = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+            # timed as attention() runs it: with the launch it keeps per call shape
+            kept = BackwardLaunch(problem, params)
+            t = time_it(lambda: kept.run(q, k, v, o, o_lse, dout, dq=timed[0], dk=timed[1], dv=timed[2]))
+        else:
+            timed = [torch.full(q.shape, float("nan"), device="cuda", dtype=out.dtype)]
+            kept = Launch(problem, params, cuda_device_info(torch.cuda.current_device()).sm_count)
+            t = time_it(lambda: forward(q, k, v, problem, params, out=timed[0], launch=kept))
+        if any(torch.isnan(x).any() for x in timed):
+            raise Rejected("NaN in the timed output")
+        return t, error
 
-    def _measure_decode(self, bucket: Bucket, params: TuningParams) -> Measurement:
+    def _decode(self, bucket: Bucket, params: TuningParams):
         """Gate on a small cache of odd lengths (0, 1, a part-filled page, new keys appended),
         then time the representative full caches as attention_with_kvcache runs them (a kept
-        launch on this GPU's SMs)."""
+        launch on this GPU's SMs); (timing, the gate's largest error)."""
         import torch
 
         from ..bench.correctness import check_cache
@@ -376,35 +381,23 @@ class GpuEvaluator:
         from ..runtime.kvcache import CacheLaunch, cache_forward
 
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-        try:
-            gate, problem = cache_inputs(bucket, gate=True, seed=self.seed)
-            before = (gate[0], gate[1].clone(), gate[2].clone(), *gate[3:])
-            out, lse = _cache_outputs(gate, problem, poison=True)
-            cache_forward(*gate, problem, params, launch=CacheLaunch(problem, params, sms), out=out, lse=lse)
-            torch.cuda.synchronize()
-            verdict = check_cache(before, problem, out, lse, (gate[1], gate[2]))
-            if not verdict.ok:
-                raise Rejected(f"wrong result: {verdict}")
-            if bucket not in self._inputs:
-                self._inputs = {bucket: cache_inputs(bucket, seed=self.seed)}  # one bucket's inputs at a time
-            inputs, problem = self._inputs[bucket]
-            out, lse = _cache_outputs(inputs, problem, poison=True)
-            kept = CacheLaunch(problem, params, sms)
-            t = time_it(lambda: cache_forward(*inputs, problem, params, launch=kept, out=out, lse=lse))
-            if torch.isnan(out).any():
-                raise Rejected("NaN in the timed output")
-        except Rejected:
-            raise
-        except Exception as e:  # out of resources or memory: this candidate; a CUDA fault: the device
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            raise Rejected(reason, fatal=_is_cuda_fault(e)) from None
-        return Measurement(
-            median_ms=t.median_ms,
-            p20_ms=t.p20_ms,
-            p80_ms=t.p80_ms,
-            tflops=flops(bucket) / t.median_ms / 1e9,
-            max_error=verdict.out_err,
-        )
+        gate, problem = cache_inputs(bucket, gate=True, seed=self.seed)
+        before = (gate[0], gate[1].clone(), gate[2].clone(), *gate[3:])
+        out, lse = _cache_outputs(gate, problem, poison=True)
+        cache_forward(*gate, problem, params, launch=CacheLaunch(problem, params, sms), out=out, lse=lse)
+        torch.cuda.synchronize()
+        verdict = check_cache(before, problem, out, lse, (gate[1], gate[2]))
+        if not verdict.ok:
+            raise Rejected(f"wrong result: {verdict}")
+        if bucket not in self._inputs:
+            self._inputs = {bucket: cache_inputs(bucket, seed=self.seed)}  # one bucket's inputs at a time
+        inputs, problem = self._inputs[bucket]
+        out, lse = _cache_outputs(inputs, problem, poison=True)
+        kept = CacheLaunch(problem, params, sms)
+        t = time_it(lambda: cache_forward(*inputs, problem, params, launch=kept, out=out, lse=lse))
+        if torch.isnan(out).any():
+            raise Rejected("NaN in the timed output")
+        return t, verdict.out_err
 
 
 def cache_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, seed: int = 0):
