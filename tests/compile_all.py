@@ -25,7 +25,7 @@ def variants(arch: str, only: str | None = None, gluon_only: bool = False) -> li
 
     pairs = {}
     if only in (None, "defaults"):
-        for bucket in default_buckets(("fwd", "bwd")):
+        for bucket in default_buckets(("fwd", "bwd", "decode")):
             pairs[_key(bucket.kernel_spec(), bucket_default(bucket, arch))] = None
     if only in (None, "shipped"):
         for _, cfg in shipped_files(arch):

@@ -182,6 +182,8 @@ def decode_default(spec: KernelSpec, arch: str, rows: int, streams: int) -> Tuni
     params = params.replace(block_m=block_m)
     if block_m > 16:
         params = params.replace(block_n=min(params.block_n, 64), num_warps=8 if block_m == 128 else 4)
+    if spec.head_dim != spec.head_dim_padded:  # (the padded columns' masks: 128 keys spilled at D=72)
+        params = params.replace(block_n=min(params.block_n, 64))
     return shrink_to_fit(spec, params, arch)
 
 

@@ -11,6 +11,7 @@ import torch
 from .. import compat
 from ..generator.cache import interpreting, load_module
 from ..generator.descriptors import template_of
+from ..generator.descriptors.attn_decode import combine_warps
 from ..generator.spec import TuningParams, next_pow2
 from . import direct
 from .defaults import decode_splits
@@ -32,7 +33,13 @@ class CacheLaunch:
         self.splits = splits = decode_splits(problem, params, sm_count)
         # the split count is the launch's: whether partials are written, and the combine's tile
         decode = dataclasses.replace(decode, constexprs={**decode.constexprs, "SPLIT": int(splits > 1)})
-        combine = dataclasses.replace(combine, constexprs={**combine.constexprs, "SPLITS_PAD": next_pow2(splits)})
+        pad = next_pow2(splits)
+        warps = combine_warps(pad, spec.head_dim_padded)
+        combine = dataclasses.replace(
+            combine,
+            constexprs={**combine.constexprs, "SPLITS_PAD": pad},
+            options={**combine.options, "num_warps": warps},
+        )
         self.kernels = (append, decode, combine)
         b, hkv, sq, hq = problem.batch, problem.heads_kv, problem.seqlen_q, problem.heads_q
         rows = sq * problem.group

@@ -12,6 +12,12 @@ APPEND_ROWS = 16
 MAX_SPLITS = 128
 
 
+def combine_warps(splits_pad: int, head_dim_padded: int) -> int:
+    """Warps of the combine kernel, which holds splits_pad x head_dim_padded fp32 values: at most
+    64 a thread (128 x 256 in 4 warps spilled 68 B on sm90)."""
+    return max(4, min(16, splits_pad * head_dim_padded // (64 * 32)))
+
+
 def _cache_strides(tensor: str, prefix: str):
     # a contiguous cache is (B, S, Hkv, D); a paged one (num_blocks, page_size, Hkv, D)
     return strides(tensor, f"stride_{prefix}b stride_{prefix}n stride_{prefix}h")
@@ -92,7 +98,7 @@ class AttnDecode(Template):
             + strides("O", "stride_ob stride_os stride_oh")
             + ints("Hq Sq rows num_splits"),
             {**dims, "SPLITS_PAD": MAX_SPLITS},
-            {"num_warps": 4, "num_stages": 1},
+            {"num_warps": combine_warps(MAX_SPLITS, spec.head_dim_padded), "num_stages": 1},
         )
         return (append, decode, combine)
 
