@@ -74,9 +74,9 @@ def _env(**extra):
 
 # The compatibility hooks, rendering, the Gluon kernels' sm90 compiles (spills, ptxas's
 # performance notes, exponentials under a matmul), and the kernels' checks against the
-# reference under the interpreter (about 430 tests, 3 minutes): the forward's on odd shapes
-# along each load path, the backward's, fp8's, packed batches' and the KV cache's. Under the older others, the compatibility
-# hooks alone.
+# reference under the interpreter (about 480 tests, 3 minutes): the forward's on odd shapes
+# along each load path, the backward's, fp8's, packed batches' and the KV cache's. Under the
+# older others, the compatibility hooks alone.
 _SAMPLE = [
     "tests/test_compat.py",
     "tests/test_render.py",
