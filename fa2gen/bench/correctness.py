@@ -56,10 +56,11 @@ def _heads(descale, h0: int, h1: int):
 
 
 def check_forward(
-    q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8, descales=None
+    q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8, descales=None, alibi=None
 ) -> Verdict:
     """Judge a forward result by flash-attention's rule; NaN anywhere fails. ``descales``:
-    fp8 inputs' factors as ``fa2gen.runtime.fp8.check_descales`` returns them (None: all 1)."""
+    fp8 inputs' factors as ``fa2gen.runtime.fp8.check_descales`` returns them (None: all 1).
+    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq)."""
     fp8 = q.dtype == FP8_TORCH
     if fp8:
         descales = descales or check_descales(problem, q.device, None, None, None)
@@ -75,8 +76,9 @@ def check_forward(
             o32, l32 = attention_reference(*(dequantized(t, d) for t, d in zip((qs, ks, vs), ds)), sub)
             odt, ldt = attention_fp8(qs, ks, vs, ds, sub)
         else:
-            o32, l32 = attention_reference(qs.float(), ks.float(), vs.float(), sub)
-            odt, ldt = attention_reference(qs, ks, vs, sub, compute_dtype=q.dtype)
+            slopes = None if alibi is None else alibi[..., h0:h1]
+            o32, l32 = attention_reference(qs.float(), ks.float(), vs.float(), sub, alibi=slopes)
+            odt, ldt = attention_reference(qs, ks, vs, sub, compute_dtype=q.dtype, alibi=slopes)
         outs32.append(o32)
         lses32.append(l32)
         outs_dt.append(odt)
@@ -101,15 +103,15 @@ def check_forward(
     return Verdict(not reasons, out_err, out_base, lse_err, lse_base, "; ".join(reasons))
 
 
-def check_cache(inputs, problem: Problem, out, lse, caches=None, *, atol: float = ATOL) -> Verdict:
+def check_cache(inputs, problem: Problem, out, lse, caches=None, *, atol: float = ATOL, alibi=None) -> Verdict:
     """Judge a call over a KV cache by the same rule: ``inputs`` are the call's (q, k_cache,
     v_cache, cache_seqlens, block_table, k, v) as they were before it (the caches unchanged),
     ``caches`` the (k_cache, v_cache) it appended into, which must equal the reference's
-    exactly (None: not checked)."""
+    exactly (None: not checked). ``alibi``: ALiBi's slopes."""
     exact = [None if t is None else t.float() for t in inputs[:3]] + list(inputs[3:5])
     exact += [None if t is None else t.float() for t in inputs[5:]]
-    ref, ref_lse, _, _ = kvcache_reference(*exact, problem)
-    base, base_lse, ref_k, ref_v = kvcache_reference(*inputs, problem, compute_dtype=inputs[0].dtype)
+    ref, ref_lse, _, _ = kvcache_reference(*exact, problem, alibi=alibi)
+    base, base_lse, ref_k, ref_v = kvcache_reference(*inputs, problem, compute_dtype=inputs[0].dtype, alibi=alibi)
     out_err, out_base = _max_abs_diff(out, ref), _max_abs_diff(base, ref)
     lse_err, lse_base = _max_abs_diff(lse, ref_lse), _max_abs_diff(base_lse, ref_lse)
     reasons = []
@@ -138,20 +140,21 @@ class GradVerdict:
         return f"{status}: {parts}"
 
 
-def _reference_grads(q, k, v, dout, problem: Problem, compute_dtype):
+def _reference_grads(q, k, v, dout, problem: Problem, compute_dtype, alibi=None):
     leaves = [
         t.detach().to(compute_dtype if compute_dtype == torch.float32 else t.dtype).requires_grad_() for t in (q, k, v)
     ]
-    out, _ = attention_reference(*leaves, problem, compute_dtype=compute_dtype)
+    out, _ = attention_reference(*leaves, problem, compute_dtype=compute_dtype, alibi=alibi)
     out.backward(dout.to(out.dtype))
     return [t.grad for t in leaves]
 
 
 def check_backward(
-    q, k, v, problem: Problem, dout, dq, dk, dv, *, atol: float = ATOL, heads_per_chunk: int = 8
+    q, k, v, problem: Problem, dout, dq, dk, dv, *, atol: float = ATOL, heads_per_chunk: int = 8, alibi=None
 ) -> GradVerdict:
     """Judge gradients by flash-attention's rule (each of dq, dk, dv against an fp32
-    reference, allowed twice PyTorch's own error in the inputs' dtype plus atol); NaN fails."""
+    reference, allowed twice PyTorch's own error in the inputs' dtype plus atol); NaN fails.
+    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq)."""
     g = problem.group
     step = max(g, (heads_per_chunk // g) * g)
     refs, bases = [[], [], []], [[], [], []]
@@ -159,7 +162,11 @@ def check_backward(
         h1 = min(problem.heads_q, h0 + step)
         sub = Problem(**{**problem.__dict__, "heads_q": h1 - h0, "heads_kv": (h1 - h0) // g})
         args = (q[:, h0:h1], k[:, h0 // g : h1 // g], v[:, h0 // g : h1 // g], dout[:, h0:h1], sub)
-        for acc, grads in ((refs, _reference_grads(*args, torch.float32)), (bases, _reference_grads(*args, q.dtype))):
+        slopes = None if alibi is None else alibi[..., h0:h1]
+        for acc, grads in (
+            (refs, _reference_grads(*args, torch.float32, slopes)),
+            (bases, _reference_grads(*args, q.dtype, slopes)),
+        ):
             for i, grad in enumerate(grads):
                 acc[i].append(grad)
     errors, reasons = {}, []

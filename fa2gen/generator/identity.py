@@ -63,6 +63,8 @@ class Variant:
             parts.append("varlen")
         if s.paged:
             parts.append("paged")
+        if s.alibi:
+            parts.append("alibi")
         parts += [f"{tag}{getattr(p, field)}" for field, tag in _TAGS.items()]
         parts.append(p.loads)
         if s.direction == "bwd":

@@ -62,6 +62,9 @@ class KernelSpec:
     varlen: whether q, k and v hold a packed batch of sequences of their own lengths
         (``cu_seqlens``): each sequence attends to its own keys only. fp16 and bf16.
     paged (decode only): whether the KV cache is pages that a block table maps per sequence.
+    alibi: whether each score gets ALiBi's bias, -slope * |j - (i + Nk - Nq)|, one slope per
+        query head (or per batch and query head), given at run time. fp16 and bf16, the Triton
+        templates.
     """
 
     direction: str = "fwd"
@@ -71,6 +74,7 @@ class KernelSpec:
     softcap: bool = False
     varlen: bool = False
     paged: bool = False
+    alibi: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("KernelSpec", "direction", self.direction, DIRECTIONS)
@@ -80,6 +84,9 @@ class KernelSpec:
         _check_choice("KernelSpec", "softcap", self.softcap, (False, True))
         _check_choice("KernelSpec", "varlen", self.varlen, (False, True))
         _check_choice("KernelSpec", "paged", self.paged, (False, True))
+        _check_choice("KernelSpec", "alibi", self.alibi, (False, True))
+        if self.alibi and self.dtype in FP8_DTYPES:
+            raise SpecError("KernelSpec.alibi: ALiBi takes fp16 or bf16")
         if self.paged and self.direction != "decode":
             raise SpecError("KernelSpec.paged: a paged KV cache is the decode direction's")
         if self.direction == "decode" and (self.varlen or self.dtype in FP8_DTYPES):
@@ -111,9 +118,9 @@ class KernelSpec:
         return _from_dict(cls, data)
 
     def to_dict(self) -> dict:
-        # varlen and paged only where set: every other spec's dict, and so its rendered code, as before
+        # varlen, paged and alibi only where set: every other spec's dict, and so its rendered code, as before
         d = dataclasses.asdict(self)
-        for flag in ("varlen", "paged"):
+        for flag in ("varlen", "paged", "alibi"):
             if not d[flag]:
                 del d[flag]
         return d
@@ -285,6 +292,8 @@ def unsupported(spec: KernelSpec, params: TuningParams) -> str | None:
     from .descriptors import template_knobs, template_of  # the descriptors build on this module
 
     template = template_of(spec, params)
+    if template is None:
+        return f"no {spec.direction} template renders gluon={params.gluon}"
     if params.extra:  # a knob off its default is its own template's alone
         knobs = template_knobs()
         for name, _ in params.extra:

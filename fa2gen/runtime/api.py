@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import warnings
 
@@ -15,7 +16,7 @@ from .dispatch import cached_launch, remember_launch, select_params
 from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
 from .kvcache import CacheLaunch, cache_forward, kvcache_reference
 from .launch import Launch, _sm_count, forward
-from .problem import make_kvcache_problem, make_problem, make_varlen_problem
+from .problem import check_alibi, make_kvcache_problem, make_problem, make_varlen_problem
 from .reference import attention_reference
 from .varlen import VarlenAttention, varlen_forward, varlen_reference
 
@@ -36,6 +37,7 @@ def attention(
     descale_q: torch.Tensor | None = None,
     descale_k: torch.Tensor | None = None,
     descale_v: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ):
     """Exact softmax attention, FlashAttention-2 style, with a tuned generated kernel.
 
@@ -56,6 +58,9 @@ def attention(
         for q (or (B, Hkv), shared by each GQA group), (B, Hkv) for k and v. None means 1.
         fp8 trades accuracy for speed: P is rounded to e4m3 for the P @ V matmul, as in
         FlashAttention-3 (docs/fp8.md has the measured error).
+    alibi_slopes: ALiBi, float32 (Hq,) or (B, Hq): each score gets -slope * |j - (i + Nk - Nq)|
+        (after the softcap), as flash-attention's alibi_slopes. fp16 and bf16; runs the Triton
+        template with its default config (no tuned entries yet).
 
     Differentiable in q, k and v for fp16 and bf16 (generated backward kernels; the forward
     keeps only O and the log-sum-exp).
@@ -63,27 +68,34 @@ def attention(
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
     _check_flags(return_lse=return_lse, deterministic=deterministic)
-    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, (descale_q, descale_k, descale_v))
+    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, (descale_q, descale_k, descale_v, alibi_slopes))
     launch = None if key is None else cached_launch(key)
     if launch is None:
         problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
+        if alibi_slopes is not None:
+            if q.dtype == FP8_TORCH:
+                raise ValueError("alibi_slopes: ALiBi takes fp16 or bf16 inputs, not fp8")
+            problem = dataclasses.replace(problem, alibi=True)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = launch.problem
+    alibi = check_alibi(alibi_slopes, problem, q.device)
     if q.dtype == FP8_TORCH:
         return _attention_fp8(q, k, v, problem, launch, key, return_lse, (descale_q, descale_k, descale_v))
     no_descales(descale_q, descale_k, descale_v, q.dtype)
     if q.device.type == "cuda":
         launch, other = _cuda_launch(q, problem, launch, key)
-        run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch)
+        run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, alibi=alibi)
         if other is not None:  # Triton launches on the current device
             run = functools.partial(_on_device, other, run)
-        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic, launches=launch.backward)
+        out, lse = differentiable(
+            q, k, v, problem, run, deterministic=deterministic, launches=launch.backward, alibi=alibi
+        )
     elif interpreting():
-        run = functools.partial(forward, q, k, v, problem, select_params(problem, None))
-        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic)
+        run = functools.partial(forward, q, k, v, problem, select_params(problem, None), alibi=alibi)
+        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic, alibi=alibi)
     else:
         _warn_cpu()
-        out, lse = attention_reference(q, k, v, problem)
+        out, lse = attention_reference(q, k, v, problem, alibi=alibi_slopes)
     return (out, lse) if return_lse else out
 
 
@@ -103,6 +115,7 @@ def attention_varlen(
     return_lse: bool = False,
     deterministic: bool = False,
     validate: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
 ):
     """Attention over a packed batch of sequences of their own lengths (flash-attention's
     ``flash_attn_varlen_func`` layout).
@@ -117,6 +130,8 @@ def attention_varlen(
     total_k, and no sequence may be longer than its max_seqlen; otherwise rows are left
     unwritten or read out of their sequence. ``validate=True`` checks this first (one host
     sync) and raises ValueError naming the argument.
+    alibi_slopes: ALiBi's slopes, float32 (Hq,) or (B, Hq) (one row per sequence), as in
+    ``attention()``.
     causal (bottom-right aligned within each sequence), sm_scale, window_size and softcap as
     in ``attention()``; deterministic is accepted for flash-attention's signature (the forward
     and backward have no atomics). Differentiable in q, k and v (generated backward kernels,
@@ -138,6 +153,9 @@ def attention_varlen(
         softcap=softcap,
         validate=validate,
     )
+    if alibi_slopes is not None:
+        problem = dataclasses.replace(problem, alibi=True)
+    alibi = check_alibi(alibi_slopes, problem, q.device)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type == "cuda" or interpreting():
         index = None
@@ -148,12 +166,12 @@ def attention_varlen(
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params)
         with contextlib.nullcontext() if index is None else torch.cuda.device(index):  # (Triton launches there)
             if grad:
-                out, lse = VarlenAttention.apply(*args, select_params(problem, info, "bwd"))
+                out, lse = VarlenAttention.apply(*args, select_params(problem, info, "bwd"), alibi)
             else:
-                out, lse = varlen_forward(*args)
+                out, lse = varlen_forward(*args, alibi=alibi)
     else:
         _warn_cpu()
-        out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
+        out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, alibi=alibi_slopes)
     return (out, lse) if return_lse else out
 
 
@@ -172,6 +190,7 @@ def attention_with_kvcache(
     softcap: float = 0.0,
     return_lse: bool = False,
     validate: bool = False,
+    alibi_slopes: torch.Tensor | None = None,
 ):
     """Attention of new query tokens over a KV cache (decoding, chunked prefill), with
     flash-attention's ``flash_attn_with_kvcache`` layouts. Forward only.
@@ -185,7 +204,7 @@ def attention_with_kvcache(
     + Sk_new keys. fp16 or bf16; any strides with a contiguous last dim; Hq % Hkv == 0: the
     query heads of one k/v head share each load of K and V.
     causal (bottom-right aligned: query token s sees keys up to s + N_b - Sq), sm_scale,
-    window_size and softcap as in ``attention()``.
+    window_size, softcap and alibi_slopes ((Hq,) or (B, Hq)) as in ``attention()``.
     The lengths and the table are trusted (no host sync): each length must leave room for the
     new keys and every page of the table must exist, or the kernels read and write outside
     the cache. ``validate=True`` checks them first (one host sync) and raises ValueError.
@@ -197,14 +216,17 @@ def attention_with_kvcache(
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     key = None if validate is not False else _options_key(causal, sm_scale, window_size, softcap)
     if key is not None:
-        key = _tensors_key(tensors, ("kvcache", *key))
+        key = _tensors_key((*tensors, alibi_slopes), ("kvcache", *key))
     launch = None if key is None else cached_launch(key)
     if launch is None:
         problem = make_kvcache_problem(
             *tensors, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap, validate=validate
         )
+        if alibi_slopes is not None:
+            problem = dataclasses.replace(problem, alibi=True)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = launch.problem
+    alibi = check_alibi(alibi_slopes, problem, q.device)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
         raise ValueError("attention_with_kvcache is forward only: its tensors must not require grad")
     if q.device.type == "cuda":
@@ -214,14 +236,15 @@ def attention_with_kvcache(
             launch = CacheLaunch(problem, select_params(problem, info, "decode"), info.sm_count)
             if key is not None:
                 remember_launch(key, launch)
-        run = functools.partial(cache_forward, *tensors, problem, launch.params, launch=launch)
+        run = functools.partial(cache_forward, *tensors, problem, launch.params, launch=launch, alibi=alibi)
         out, lse = run() if index is None or index == current else _on_device(index, run)
     elif interpreting():
         params = select_params(problem, None, "decode")
-        out, lse = cache_forward(*tensors, problem, params, launch=CacheLaunch(problem, params, _sm_count(q.device)))
+        launch = CacheLaunch(problem, params, _sm_count(q.device))
+        out, lse = cache_forward(*tensors, problem, params, launch=launch, alibi=alibi)
     else:
         _warn_cpu()
-        out, lse, k_new, v_new = kvcache_reference(*tensors, problem)
+        out, lse, k_new, v_new = kvcache_reference(*tensors, problem, alibi=alibi_slopes)
         if problem.new_keys:  # the reference appends into copies: write them back
             k_cache.copy_(k_new)
             v_cache.copy_(v_new)
@@ -284,11 +307,12 @@ def _on_device(index, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def _call_key(q, k, v, causal, sm_scale, window_size, softcap, descales=(None, None, None)) -> tuple | None:
+def _call_key(q, k, v, causal, sm_scale, window_size, softcap, extra=()) -> tuple | None:
     """What makes two CUDA calls launch the same kernel the same way, or None when the
-    call cannot be keyed cheaply (then it is validated and dispatched in full)."""
+    call cannot be keyed cheaply (then it is validated and dispatched in full). ``extra``:
+    the call's other tensors (fp8's factors, ALiBi's slopes) or None for those not given."""
     options = _options_key(causal, sm_scale, window_size, softcap)
-    return None if options is None else _tensors_key((q, k, v, *descales), options)
+    return None if options is None else _tensors_key((q, k, v, *extra), options)
 
 
 def _options_key(causal, sm_scale, window_size, softcap) -> tuple | None:

@@ -32,6 +32,7 @@ def backward(
     dq=None,
     dk=None,
     dv=None,
+    alibi=None,
     compile_only: bool = False,
 ):
     """Gradients (dq, dk, dv) of ``problem``'s attention for the output gradient ``dout``.
@@ -42,9 +43,12 @@ def backward(
     there are no atomics: every sum has one owner and a fixed order, so repeated calls give
     bit-identical gradients; "atomic" adds dQ in fp32 in no fixed order. ``compile_only``
     compiles this call's kernels without launching them (the tuner's workers). A caller that
-    repeats a call shape keeps a ``BackwardLaunch`` instead (attention() does).
+    repeats a call shape keeps a ``BackwardLaunch`` instead (attention() does). ``alibi``:
+    ALiBi's (slopes, batch stride), as the forward took them.
     """
-    return BackwardLaunch(problem, params).run(q, k, v, out, lse, dout, dq=dq, dk=dk, dv=dv, compile_only=compile_only)
+    return BackwardLaunch(problem, params).run(
+        q, k, v, out, lse, dout, dq=dq, dk=dk, dv=dv, alibi=alibi, compile_only=compile_only
+    )
 
 
 class BackwardLaunch:
@@ -190,10 +194,25 @@ class BackwardLaunch:
             self.launches = launches
         return self.launches
 
-    def run(self, q, k, v, out, lse, dout, *, dq=None, dk=None, dv=None, cu_seqlens=None, compile_only: bool = False):
+    def run(
+        self,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        *,
+        dq=None,
+        dk=None,
+        dv=None,
+        cu_seqlens=None,
+        alibi=None,
+        compile_only: bool = False,
+    ):
         """The gradients (dq, dk, dv); arguments as ``backward``'s. ``cu_seqlens``: a packed
         batch's (cu_seqlens_q, cu_seqlens_k), with the tensors as ``runtime.varlen.batch_view``
-        gives them and lse (Hq, total_q)."""
+        gives them and lse (Hq, total_q). ``alibi``: ALiBi's (slopes, batch stride)."""
         if dout.shape != out.shape:
             raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
         if dout.dtype != out.dtype:
@@ -209,16 +228,18 @@ class BackwardLaunch:
         dv = torch.empty_like(v) if dv is None else dv
         if self.problem.batch == 0:
             return dq, dk, dv
-        return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens)
+        return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens, alibi)
 
-    def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool, cu_seqlens=None):
+    def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool, cu_seqlens=None, alibi=None):
         if not self._runs_here(q, k, v, dout, dq, dk, dv):
-            return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens)
+            return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens, alibi)
         launches, grids = self._load(), self.grids
         delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)  # (one per row of LSE)
         given = dict(Q=q, K=k, V=v, O=out, DO=dout, LSE=lse.contiguous(), DELTA=delta, DQ=dq, DK=dk, DV=dv)
         if cu_seqlens is not None:
             given["CU_Q"], given["CU_K"] = cu_seqlens
+        if alibi is not None:
+            given["ALIBI"], given["stride_ab"] = alibi
 
         def run(name, grid, given, key=None):
             fn, binding, options = launches[name]

@@ -67,10 +67,13 @@ class CacheLaunch:
         self.bound = None
         self._direct = {}
 
-    def run(self, q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse, *, compile_only=False) -> None:
+    def run(
+        self, q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse, *, alibi=None, compile_only=False
+    ) -> None:
         """Append ``k``/``v`` (when the problem has new keys), then attend: ``out`` (B, Sq, Hq,
-        D) and ``lse`` (B, Hq, Sq) fp32 are written. ``compile_only`` compiles the kernels this
-        call would launch, without launching them (the tuner's compile workers)."""
+        D) and ``lse`` (B, Hq, Sq) fp32 are written. ``alibi``: ALiBi's (slopes, batch stride).
+        ``compile_only`` compiles the kernels this call would launch, without launching them
+        (the tuner's compile workers)."""
         if self.bound is None:
             if interpreting():
                 compat.patch_interpreter()
@@ -79,6 +82,8 @@ class CacheLaunch:
         given = {"Q": q, "K": k_cache, "V": v_cache, "O": out, "LSE": lse, "CACHE_SEQLENS": cache_seqlens}
         if block_table is not None:
             given["BLOCK_TABLE"] = block_table
+        if alibi is not None:
+            given["ALIBI"], given["stride_ab"] = alibi
         launch = functools.partial(direct.launch, self._direct)
         if compile_only:
             launch = _warmup
@@ -103,11 +108,11 @@ def _warmup(name, kernel, grid, args, options) -> None:
 
 
 def kvcache_reference(
-    q, k_cache, v_cache, cache_seqlens, block_table, k, v, problem: Problem, *, compute_dtype=torch.float32
+    q, k_cache, v_cache, cache_seqlens, block_table, k, v, problem: Problem, *, compute_dtype=torch.float32, alibi=None
 ):
     """(out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32) by PyTorch, one sequence at a time, with the
     new keys appended into copies of the caches, which are returned too: (out, lse, k_cache,
-    v_cache). Reads the lengths and the table (a host sync)."""
+    v_cache). Reads the lengths and the table (a host sync). ``alibi``: ALiBi's slopes."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     out = torch.zeros_like(q)
     lse = torch.full((problem.batch, problem.heads_q, problem.seqlen_q), float("-inf"), device=q.device)
@@ -134,6 +139,7 @@ def kvcache_reference(
             values[None, :total].transpose(1, 2),
             one,
             compute_dtype=compute_dtype,
+            alibi=None if alibi is None else alibi[b] if alibi.dim() == 2 else alibi,
         )
         out[b] = o[0].transpose(0, 1)
         lse[b] = s[0]
@@ -141,7 +147,20 @@ def kvcache_reference(
 
 
 def cache_forward(
-    q, k_cache, v_cache, cache_seqlens, block_table, k, v, problem, params, *, launch=None, out=None, lse=None
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    block_table,
+    k,
+    v,
+    problem,
+    params,
+    *,
+    launch=None,
+    out=None,
+    lse=None,
+    alibi=None,
 ):
     """Run the decode kernels (``launch``, or one built here); returns (out, lse). ``out``/``lse``
     may be given preallocated (tests poison them with NaN first)."""
@@ -151,5 +170,5 @@ def cache_forward(
     if problem.batch == 0:
         return out, lse
     launch = launch or CacheLaunch(problem, params, _sm_count(q.device))
-    launch.run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse)
+    launch.run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse, alibi=alibi)
     return out, lse

@@ -248,19 +248,20 @@ class Launch:
             self._fallback = Launch(self.problem, params)
         return self._fallback
 
-    def run(self, q, k, v, out, lse, *, descales=None, cu_seqlens=None, compile_only: bool = False) -> None:
+    def run(self, q, k, v, out, lse, *, descales=None, cu_seqlens=None, alibi=None, compile_only: bool = False) -> None:
         """``descales``: for fp8 inputs, the three (factor, stride_b, stride_h) of
         ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here.
         ``cu_seqlens``: a packed batch's (cu_seqlens_q, cu_seqlens_k), with q, k, v and out as
-        ``runtime.varlen.batch_view`` gives them."""
-        self._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens)
+        ``runtime.varlen.batch_view`` gives them. ``alibi``: ALiBi's (slopes, batch stride) of
+        ``problem.check_alibi``."""
+        self._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi)
 
     def staged_v(self, v: torch.Tensor) -> torch.Tensor:
         """V as this launch's kernel reads it: for fp8, transposed, and with its keys in P's
         order where the kernel is the Gluon one (``transposed_v(key_order=True)``)."""
         return transposed_v(v, key_order=bool(self.params.gluon), kept=self._direct) if self.spec.fp8 else v
 
-    def _launch(self, q, k, v, out, lse, descales, compile_only: bool, cu_seqlens=None) -> None:
+    def _launch(self, q, k, v, out, lse, descales, compile_only: bool, cu_seqlens=None, alibi=None) -> None:
         # fp8's staged V is new, contiguous and padded for descriptors: only the caller's
         # tensors decide where the kernel runs, and V is staged once, for the kernel that does
         given = (q, k, out) if self.spec.fp8 else (q, k, v, out)
@@ -269,8 +270,8 @@ class Launch:
         else:
             runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given)
         if not runs_here:
-            return self.fallback()._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens)
-        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales, cu_seqlens)
+            return self.fallback()._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi)
+        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales, cu_seqlens, alibi)
         if compile_only:
             direct.warmup(kernel, self.grid, args, options)
         else:
@@ -284,7 +285,7 @@ class Launch:
         self.bound = bound(self.spec, self.kernel, module, self.fixed, bool(self.params.gluon))
         self.module = module
 
-    def prepared(self, q, k, v, out, lse, descales=None, cu_seqlens=None):
+    def prepared(self, q, k, v, out, lse, descales=None, cu_seqlens=None, alibi=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
         as ``staged_v`` gives it), so that ``kernel[self.grid](*arguments, **options)`` runs it;
         benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
@@ -295,6 +296,8 @@ class Launch:
         given = {"Q": q, "K": k, "V": v, "O": out, "LSE": lse}
         if cu_seqlens is not None:
             given["CU_Q"], given["CU_K"] = cu_seqlens
+        if alibi is not None:
+            given["ALIBI"], given["stride_ab"] = alibi
         if self.spec.fp8:
             if descales is None:
                 descales = check_descales(self.problem, q.device, None, None, None)
@@ -321,6 +324,7 @@ def forward(
     compile_only: bool = False,
     launch: Launch | None = None,
     descales=None,
+    alibi=None,
 ):
     """Run the forward kernel for ``problem`` with ``params``; returns (out, lse fp32).
 
@@ -329,6 +333,7 @@ def forward(
     launching it (the tuner's compile workers). ``launch``: a ``Launch`` built earlier
     for this problem and these params (``attention()`` keeps one per call shape).
     ``descales``: fp8 inputs' factors as ``fp8.check_descales`` returns them (None: all 1).
+    ``alibi``: ALiBi's (slopes, batch stride) as ``problem.check_alibi`` returns them.
     """
     fp8 = problem.kernel_spec().fp8
     if fp8 and descales is None:
@@ -339,5 +344,7 @@ def forward(
         lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
     if problem.batch == 0:
         return out, lse
-    (launch or Launch(problem, params)).run(q, k, v, out, lse, descales=descales, compile_only=compile_only)
+    (launch or Launch(problem, params)).run(
+        q, k, v, out, lse, descales=descales, alibi=alibi, compile_only=compile_only
+    )
     return out, lse

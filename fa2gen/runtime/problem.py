@@ -50,6 +50,8 @@ class Problem:
     # cache.
     new_keys: int = 0
     page_size: int = 0
+    # ALiBi slopes given (``check_alibi``): the kernels add -slope * |j - (i + Nk - Nq)|
+    alibi: bool = False
 
     @property
     def group(self) -> int:
@@ -57,7 +59,7 @@ class Problem:
 
     def kernel_spec(self, direction: str = "fwd") -> KernelSpec:
         paged = direction == "decode" and self.page_size > 0
-        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0, self.varlen, paged)
+        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0, self.varlen, paged, self.alibi)
 
     def flops(self) -> float:
         """Forward FLOPs by the FlashAttention-2 paper's count (halved when causal and square)."""
@@ -69,11 +71,25 @@ class Problem:
 
 @functools.lru_cache(maxsize=None)
 def _spec(
-    direction: str, dtype: str, head_dim: int, mask: str, softcap: bool, varlen: bool, paged: bool = False
+    direction: str,
+    dtype: str,
+    head_dim: int,
+    mask: str,
+    softcap: bool,
+    varlen: bool,
+    paged: bool = False,
+    alibi: bool = False,
 ) -> KernelSpec:
     # Specs are immutable and few: build (and validate) each once, not per call.
     return KernelSpec(
-        direction=direction, dtype=dtype, head_dim=head_dim, mask=mask, softcap=softcap, varlen=varlen, paged=paged
+        direction=direction,
+        dtype=dtype,
+        head_dim=head_dim,
+        mask=mask,
+        softcap=softcap,
+        varlen=varlen,
+        paged=paged,
+        alibi=alibi,
     )
 
 
@@ -390,3 +406,24 @@ def make_kvcache_problem(
         new_keys=new,
         page_size=rows if paged else 0,
     )
+
+
+def check_alibi(slopes, problem: Problem, device) -> tuple | None:
+    """ALiBi's slopes as the kernels take them, (tensor, batch stride), or None when not given:
+    an fp32 tensor of one slope per query head, (Hq,), or per batch and query head, (B, Hq)
+    (B: the sequences of a packed batch), on the inputs' device, heads contiguous. Raises
+    naming ``alibi_slopes``."""
+    if slopes is None:
+        return None
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(slopes).__name__}")
+    hq, b = problem.heads_q, problem.batch
+    if slopes.dtype != torch.float32 or tuple(slopes.shape) not in ((hq,), (b, hq)):
+        raise ValueError(
+            f"alibi_slopes must be float32 of shape ({hq},) or ({b}, {hq}), got {slopes.dtype} {tuple(slopes.shape)}"
+        )
+    if slopes.device != device:
+        raise ValueError(f"alibi_slopes is on {slopes.device} but q is on {device}")
+    if hq > 1 and slopes.stride(-1) != 1:
+        raise ValueError(f"alibi_slopes must have contiguous heads (stride(-1) == 1), got strides {slopes.stride()}")
+    return slopes, (slopes.stride(0) if slopes.dim() == 2 else 0)

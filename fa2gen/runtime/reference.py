@@ -32,9 +32,20 @@ def visible(problem: Problem, device) -> torch.Tensor | None:
 P_SHIFT = 8
 
 
-def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float32):
+def alibi_bias(slopes: torch.Tensor, problem: Problem, device) -> torch.Tensor:
+    """ALiBi's bias, -slope * |j - (i + Nk - Nq)|, broadcastable over (B, Hq, Nq, Nk); ``slopes``
+    (Hq,) or (B, Hq)."""
+    rows = torch.arange(problem.seqlen_q, device=device)[:, None]
+    cols = torch.arange(problem.seqlen_k, device=device)[None, :]
+    distance = (cols - (rows + problem.seqlen_k - problem.seqlen_q)).abs().float()
+    per_head = slopes.float().reshape(-1, slopes.shape[-1])
+    return -per_head[:, :, None, None] * distance
+
+
+def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float32, alibi=None):
     """(out, lse) for ``problem``; matmuls in ``compute_dtype``, softmax statistics in fp32
-    (fp64 when ``compute_dtype`` is fp64).
+    (fp64 when ``compute_dtype`` is fp64). ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq), added
+    after the softcap, as flash-attention does.
 
     With compute_dtype equal to the input dtype this mimics what PyTorch itself would
     get in that precision (the baseline of flash-attention's error criterion).
@@ -47,6 +58,8 @@ def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float3
     s = torch.matmul(qc, kc.transpose(-1, -2)).to(stats) * problem.sm_scale
     if problem.softcap > 0:
         s = problem.softcap * torch.tanh(s / problem.softcap)
+    if alibi is not None:
+        s = s + alibi_bias(alibi, problem, q.device).to(stats)
     keep = visible(problem, q.device)
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))

@@ -19,7 +19,18 @@ def batch_view(t: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 def varlen_forward(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, params, *, out=None, lse=None, launch: Launch | None = None
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    problem: Problem,
+    params,
+    *,
+    out=None,
+    lse=None,
+    launch: Launch | None = None,
+    alibi=None,
 ):
     """(out (total_q, Hq, D), lse (Hq, total_q) fp32) of a packed batch, with no host sync.
     Every query row must lie in a sequence of the offsets (as ``validate`` checks): rows
@@ -32,7 +43,7 @@ def varlen_forward(
         return out, lse
     b = problem.batch
     views = [batch_view(t, b) for t in (q, k, v, out)]
-    (launch or Launch(problem, params)).run(*views, lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    (launch or Launch(problem, params)).run(*views, lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k), alibi=alibi)
     return out, lse
 
 
@@ -41,10 +52,10 @@ class VarlenAttention(torch.autograd.Function):
     forward keeps only out and the log-sum-exp)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, params, backward_params):
-        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params)
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, params, backward_params, alibi=None):
+        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params, alibi=alibi)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.problem, ctx.backward_params = problem, backward_params
+        ctx.problem, ctx.backward_params, ctx.alibi = problem, backward_params, alibi
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -54,7 +65,7 @@ class VarlenAttention(torch.autograd.Function):
         problem = ctx.problem
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         if problem.batch == 0:
-            return dq, dk.zero_(), dv.zero_(), None, None, None, None, None
+            return dq, dk.zero_(), dv.zero_(), None, None, None, None, None, None
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
         b = problem.batch
         views = [batch_view(t, b) for t in (q, k, v, out)]
@@ -62,13 +73,21 @@ class VarlenAttention(torch.autograd.Function):
         # (Triton launches on the current device: the inputs' one, as in the forward)
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
             BackwardLaunch(problem, ctx.backward_params).run(
-                *views, lse, batch_view(dout, b), dq=grads[0], dk=grads[1], dv=grads[2], cu_seqlens=(cu_q, cu_k)
+                *views,
+                lse,
+                batch_view(dout, b),
+                dq=grads[0],
+                dk=grads[1],
+                dv=grads[2],
+                cu_seqlens=(cu_q, cu_k),
+                alibi=ctx.alibi,
             )
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
-def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, compute_dtype=torch.float32):
-    """The PyTorch reference of a packed batch, one sequence at a time (reads the offsets)."""
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, compute_dtype=torch.float32, alibi=None):
+    """The PyTorch reference of a packed batch, one sequence at a time (reads the offsets);
+    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq)."""
     out = torch.zeros_like(q)
     lse = torch.full((problem.heads_q, problem.total_q), float("-inf"), dtype=torch.float32, device=q.device)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -81,6 +100,7 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, c
             *(t[a:z].permute(1, 0, 2)[None] for t, (a, z) in ((q, (q0, q1)), (k, (k0, k1)), (v, (k0, k1)))),
             one,
             compute_dtype=compute_dtype,
+            alibi=None if alibi is None else alibi[i] if alibi.dim() == 2 else alibi,
         )
         out[q0:q1] = o[0].permute(1, 0, 2)
         lse[:, q0:q1] = s[0]

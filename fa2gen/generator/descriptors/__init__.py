@@ -21,9 +21,10 @@ TEMPLATES: tuple[Template, ...] = (AttnFwd(), AttnBwd(), AttnFwdGluon(), AttnBwd
 _BY_VARIANT = {(t.direction, g): t for t in TEMPLATES for g in t.gluon}
 
 
-def template_of(spec: KernelSpec, params: TuningParams) -> Template:
-    """The template that renders ``params`` for ``spec``."""
-    return _BY_VARIANT[(spec.direction, params.gluon)]
+def template_of(spec: KernelSpec, params: TuningParams) -> Template | None:
+    """The template that renders ``params`` for ``spec``, or None where none does (the decode
+    direction has no Gluon template)."""
+    return _BY_VARIANT.get((spec.direction, params.gluon))
 
 
 def direction_templates(direction: str) -> tuple[Template, ...]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..spec import KernelSpec, TuningParams
-from .base import Kernel, Knob, Template, floats, ints, strides, tensors
+from .base import Kernel, Knob, Template, alibi_args, floats, ints, strides, tensors
 
 # Rows of new keys one append program copies
 APPEND_ROWS = 16
@@ -43,6 +43,7 @@ class AttnDecode(Template):
             "mask": spec.mask,
             "pad_head": spec.head_dim != spec.head_dim_padded,
             "paged": spec.paged,
+            "alibi": spec.alibi,
             "softcap": spec.softcap,
         }
 
@@ -86,7 +87,8 @@ class AttnDecode(Template):
             + pages
             + ints("Hq group Sq Sk_new batch num_splits")
             + floats("sm_scale softcap")
-            + ints("win_left win_right"),
+            + ints("win_left win_right")
+            + alibi_args(spec),
             {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n, "SPLIT": 1},
             options,
         )

@@ -42,6 +42,12 @@ def strides(tensor: str, names: str) -> tuple[Arg, ...]:
     return tuple(Arg(n, "stride", of=tensor, dim=i) for i, n in enumerate(names.split()))
 
 
+def alibi_args(spec: KernelSpec) -> tuple[Arg, ...]:
+    """ALiBi's slopes (fp32, one per query head, its batch stride 0 when shared by the batch)
+    where the spec has them: a kernel's last runtime arguments."""
+    return tensors("ALIBI", "fp32") + ints("stride_ab") if spec.alibi else ()
+
+
 def ints(names: str) -> tuple[Arg, ...]:
     return tuple(Arg(n, "int") for n in names.split())
 
@@ -174,6 +180,8 @@ class ForwardTemplate(Template):
             return "dq_mode is a backward knob; the forward takes the default 'separate'"
         if spec.varlen and (params.gluon or params.loads != "pointer" or params.persistent):
             return "packed batches (varlen) run the Triton template's pointer loads on the plain grid"
+        if spec.alibi and params.gluon:
+            return "ALiBi runs in the Triton template (gluon=0)"
         if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
             return (
                 "persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "
@@ -212,6 +220,8 @@ class BackwardTemplate(Template):
             return "persistent is a forward knob; the backward takes the default 0"
         if spec.varlen and (params.gluon or params.loads != "pointer" or params.dq_mode != "separate"):
             return "packed batches (varlen) run the Triton template's pointer loads, dQ in its own kernel"
+        if spec.alibi and params.gluon:
+            return "ALiBi runs in the Triton template (gluon=0)"
         if params.dq_mode == "matmul" and params.gluon != 1:
             return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
         if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
