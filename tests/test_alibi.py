@@ -210,3 +210,19 @@ def test_alibi_on_the_gpu_over_a_packed_batch():
     pytorch, _ = varlen_reference(q, k, v, cq, ck, problem, compute_dtype=q.dtype, alibi=slopes)
     assert not out.isnan().any()
     assert (out.float() - ref).abs().max() <= 2 * (pytorch.float() - ref).abs().max() + 1e-4
+
+
+def test_plain_packed_and_alibi_calls_of_one_bucket_are_chosen_apart(monkeypatch):
+    """The dispatch memo keys a choice by bucket and by whether the call is packed or has ALiBi:
+    a plain call's tuned (maybe Gluon) config never reaches a kernel that cannot run it."""
+    from fa2gen.runtime import dispatch
+
+    asked = []
+    monkeypatch.setattr(dispatch, "choose", lambda problem, device, direction: asked.append(problem) or "choice")
+    dispatch.clear_memo()
+    q, k, v = rand_qkv(1, 2, 2, 64, 64, 64)
+    plain = make_problem(q, k, v)
+    for problem in (plain, dataclasses.replace(plain, alibi=True), dataclasses.replace(plain, varlen=True), plain):
+        assert dispatch.explain(problem, None) == "choice"
+    assert [(p.alibi, p.varlen) for p in asked] == [(False, False), (True, False), (False, True)]
+    dispatch.clear_memo()
