@@ -254,3 +254,13 @@ def test_the_cache_check_fails_wrong_outputs_and_caches():
     assert not check_cache(inputs, problem, out, lse + 0.01, (k_after, v_after)).ok
     assert not check_cache(inputs, problem, out, lse, (inputs[1], v_after)).ok  # nothing appended
     assert not check_cache(inputs, problem, out.masked_fill(out == out.max(), float("nan")), lse).ok
+
+
+def test_the_decode_space_is_the_triton_templates_pointer_loads():
+    from fa2gen.generator.spec import KernelSpec, param_space, unsupported
+
+    spec = KernelSpec(direction="decode", dtype="bf16", head_dim=128, paged=True)
+    points = param_space(spec)
+    assert points and {(p.gluon, p.loads, p.persistent, p.dq_mode) for p in points} == {(0, "pointer", 0, "separate")}
+    assert {p.splits for p in points} == {0, 1, 2, 4, 8, 16, 32, 64, 128}
+    assert unsupported(spec, points[0].replace(gluon=1)) == "no decode template renders gluon=1"
