@@ -4,14 +4,14 @@ arguments."""
 
 import pytest
 import torch
-from helpers import MASK_CASES
+from helpers import MASK_CASES, rand_qkv
 
 import fa2gen
-from fa2gen.bench.correctness import check_cache
+from fa2gen.bench.correctness import check_cache, check_forward
 from fa2gen.runtime import api
 from fa2gen.runtime.defaults import decode_default, decode_splits
 from fa2gen.runtime.kvcache import CacheLaunch, cache_forward, kvcache_reference
-from fa2gen.runtime.problem import make_kvcache_problem
+from fa2gen.runtime.problem import make_kvcache_problem, make_problem
 
 
 def cache_inputs(B, Sq, Hq, Hkv, D, capacity, lengths, *, page=0, new=0, dtype=torch.float16, device="cpu", seed=0):
@@ -264,3 +264,44 @@ def test_the_decode_space_is_the_triton_templates_pointer_loads():
     assert points and {(p.gluon, p.loads, p.persistent, p.dq_mode) for p in points} == {(0, "pointer", 0, "separate")}
     assert {p.splits for p in points} == {0, 1, 2, 4, 8, 16, 32, 64, 128}
     assert unsupported(spec, points[0].replace(gluon=1)) == "no decode template renders gluon=1"
+
+
+@pytest.mark.parametrize(
+    "sq, group, keys, served",
+    [(1, 4, 8192, True), (1, 4, 8191, False), (16, 8, 32768, True), (16, 8, 32767, False), (17, 1, 65536, False)],
+)
+def test_which_attention_calls_the_decode_kernels_serve(sq, group, keys, served):
+    from fa2gen.runtime.kvcache import serves_as_cache
+
+    q = torch.zeros(2, 2 * group, sq, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.zeros(2, 2, keys, 64, dtype=torch.bfloat16, device="meta")
+    assert serves_as_cache(make_problem(q, k, k, causal=True)) is served
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (30, 2), "softcap": 4.0}], ids=str)
+def test_dense_inputs_through_the_decode_kernels(options):
+    from fa2gen.runtime.kvcache import attention_as_cache, cache_problem
+
+    q, k, v = rand_qkv(2, 6, 2, 3, 150, 40, seed=9, layout="bnhd")
+    problem = cache_problem(make_problem(q, k, v, **options))
+    params = decode_default(problem.kernel_spec("decode"), "cpu", 9, 4).replace(splits=4)
+    out, lse = attention_as_cache(q, k, v, CacheLaunch(problem, params, 3))
+    assert out.shape == q.shape and lse.shape == (2, 6, 3)
+    verdict = check_forward(q, k, v, make_problem(q, k, v, **options), out, lse)
+    assert verdict.ok, str(verdict)
+
+
+@pytest.mark.gpu
+def test_attention_without_a_gradient_decodes_through_the_decode_kernels():
+    from fa2gen.runtime import dispatch
+
+    dispatch.clear_memo()
+    q, k, v = rand_qkv(2, 32, 8, 1, 9000, 128, dtype=torch.bfloat16, device="cuda", seed=4)
+    out, lse = fa2gen.attention(q, k, v, causal=True, return_lse=True)
+    assert any(key[0] == "as-cache" for key in dispatch._launches)
+    verdict = check_forward(q, k, v, make_problem(q, k, v, causal=True), out, lse)
+    assert verdict.ok, str(verdict)
+    q.requires_grad_()
+    fa2gen.attention(q, k, v, causal=True).sum().backward()  # a gradient: the dense kernels
+    assert q.grad is not None and not q.grad.isnan().any()

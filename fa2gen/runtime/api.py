@@ -14,13 +14,28 @@ from .autograd import differentiable
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
 from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
-from .kvcache import CacheLaunch, cache_forward, kvcache_reference
+from .kvcache import (
+    CacheLaunch,
+    attention_as_cache,
+    cache_forward,
+    cache_problem,
+    kvcache_reference,
+    serves_as_cache,
+)
 from .launch import Launch, _sm_count, forward
 from .problem import check_alibi, make_kvcache_problem, make_problem, make_varlen_problem
 from .reference import attention_reference
 from .varlen import VarlenAttention, varlen_forward, varlen_reference
 
 _warned_cpu = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _AsCache:
+    """An attention() call shape the decode kernels run: its problem and their launch."""
+
+    problem: object
+    launch: CacheLaunch
 
 
 def attention(
@@ -65,24 +80,42 @@ def attention(
     Differentiable in q, k and v for fp16 and bf16 (generated backward kernels; the forward
     keeps only O and the log-sum-exp).
 
+    A call without a gradient of one query token over 8k keys or more, or up to 16 over 32k or
+    more (fp16, bf16), runs the decode kernels of ``attention_with_kvcache``, whose programs
+    split the keys, rather than the dense forward.
+
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
     _check_flags(return_lse=return_lse, deterministic=deterministic)
     key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, (descale_q, descale_k, descale_v, alibi_slopes))
     launch = None if key is None else cached_launch(key)
-    if launch is None:
+    as_cache = None if key is None or launch is not None else cached_launch(("as-cache", *key))
+    if launch is None and as_cache is None:
         problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
         if alibi_slopes is not None:
             if q.dtype == FP8_TORCH:
                 raise ValueError("alibi_slopes: ALiBi takes fp16 or bf16 inputs, not fp8")
             problem = dataclasses.replace(problem, alibi=True)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
-        problem = launch.problem
+        problem = (launch or as_cache).problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
     if q.dtype == FP8_TORCH:
         return _attention_fp8(q, k, v, problem, launch, key, return_lse, (descale_q, descale_k, descale_v))
     no_descales(descale_q, descale_k, descale_v, q.dtype)
-    if q.device.type == "cuda":
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if q.device.type == "cuda" and not grad and serves_as_cache(problem):
+        # a few query tokens over long keys, no gradient: the decode kernels (runtime.kvcache)
+        if as_cache is None:
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            info = cuda_device_info(index)
+            cache = cache_problem(problem)
+            as_cache = _AsCache(problem, CacheLaunch(cache, select_params(cache, info, "decode"), info.sm_count))
+            if key is not None:
+                remember_launch(("as-cache", *key), as_cache)
+        run = functools.partial(attention_as_cache, q, k, v, as_cache.launch, alibi=alibi)
+        index = q.device.index
+        out, lse = run() if index is None or index == torch.cuda.current_device() else _on_device(index, run)
+    elif q.device.type == "cuda":
         launch, other = _cuda_launch(q, problem, launch, key)
         run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, alibi=alibi)
         if other is not None:  # Triton launches on the current device

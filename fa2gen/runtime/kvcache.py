@@ -172,3 +172,59 @@ def cache_forward(
     launch = launch or CacheLaunch(problem, params, _sm_count(q.device))
     launch.run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, out, lse, alibi=alibi)
     return out, lse
+
+
+# attention() calls without a gradient that the decode kernels serve instead of the dense
+# forward: one query token from 8k keys, up to 16 from 32k, their rows (tokens x GQA group) in
+# one tile. On the H100 (bf16, D=128, 32 query heads, 8 k/v heads, same run) the decode kernels
+# read 1274-3018 GB/s there against the dense forward's 198-2416 (one token, batch 1 to 64), and
+# 2085-3204 against 289-2261 (4 and 16 tokens, 32k keys and more); below those lengths the two
+# traded places from cell to cell.
+AS_CACHE_ONE_TOKEN = 8192
+AS_CACHE_FEW_TOKENS = 32768
+
+
+def serves_as_cache(problem: Problem) -> bool:
+    """Whether an attention() call without a gradient runs the decode kernels, its k and v a
+    full cache (``attention_as_cache``)."""
+    if problem.varlen or problem.kernel_spec().fp8 or problem.seqlen_q * problem.group > 128:
+        return False
+    if problem.seqlen_q == 1:
+        return problem.seqlen_k >= AS_CACHE_ONE_TOKEN
+    return problem.seqlen_q <= 16 and problem.seqlen_k >= AS_CACHE_FEW_TOKENS
+
+
+def cache_problem(problem: Problem) -> Problem:
+    """An attention() problem as the decode kernels take it: k and v a full contiguous cache,
+    nothing appended (one query token's causal mask is none, as ``make_kvcache_problem`` has it)."""
+    if problem.seqlen_q == 1 and problem.mask == "causal":
+        problem = dataclasses.replace(problem, mask="none", window_right=-1)
+    return dataclasses.replace(problem, new_keys=0, page_size=0)
+
+
+_FULL: dict = {}
+
+
+def full_lengths(batch: int, keys: int, device) -> torch.Tensor:
+    """(batch,) int32 of ``keys``: every sequence's cache full. Kept per shape and device
+    (read only; made outside any graph capture on first use)."""
+    key = (batch, keys, device)
+    lengths = _FULL.get(key)
+    if lengths is None:
+        if len(_FULL) >= 1024:
+            _FULL.clear()
+        lengths = _FULL[key] = torch.full((batch,), keys, dtype=torch.int32, device=device)
+    return lengths
+
+
+def attention_as_cache(q, k, v, launch: CacheLaunch, *, alibi=None):
+    """attention()'s (out (B, Hq, Nq, D), lse (B, Hq, Nq)) by the decode kernels: q (B, Hq, Nq, D)
+    and k, v (B, Hkv, Nk, D) viewed as the cache layout, (B, N, H, D), without copies."""
+    p = launch.problem
+    out = torch.empty_like(q)
+    lengths = full_lengths(p.batch, p.seqlen_k, q.device)
+    views = [t.transpose(1, 2) for t in (q, k, v)]
+    _, lse = cache_forward(
+        *views, lengths, None, None, None, p, launch.params, launch=launch, out=out.transpose(1, 2), alibi=alibi
+    )
+    return out, lse
