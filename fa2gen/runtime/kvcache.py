@@ -177,8 +177,8 @@ def cache_forward(
 # attention() calls without a gradient that the decode kernels serve instead of the dense
 # forward: one query token from 8k keys, up to 16 from 32k, their rows (tokens x GQA group) in
 # one tile. On the H100 (bf16, D=128, 32 query heads, 8 k/v heads, same run) the decode kernels
-# read 1274-3018 GB/s there against the dense forward's 198-2416 (one token, batch 1 to 64), and
-# 2085-3204 against 289-2261 (4 and 16 tokens, 32k keys and more); below those lengths the two
+# read 1274-3078 GB/s there against the dense forward's 198-2416 (one token, batch 1 to 64), and
+# 1985-3204 against 289-2261 (4 and 16 tokens, 32k keys and more); below those lengths the two
 # traded places from cell to cell.
 AS_CACHE_ONE_TOKEN = 8192
 AS_CACHE_FEW_TOKENS = 32768
