@@ -44,8 +44,8 @@ class CacheLaunch:
         b, hkv, sq, hq = problem.batch, problem.heads_kv, problem.seqlen_q, problem.heads_q
         rows = sq * problem.group
         self.grids = (
-            (-(-problem.new_keys // append.constexprs["APPEND_ROWS"]), b * hkv),
-            (-(-rows // params.block_m), b * hkv, splits),
+            (b * hkv, -(-problem.new_keys // append.constexprs["APPEND_ROWS"])),
+            (b * hkv, -(-rows // params.block_m), splits),
             (b * sq * hq,),
         )
         left, right = window_extents(problem)
