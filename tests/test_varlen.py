@@ -144,3 +144,18 @@ def test_a_packed_batch_on_the_gpu_mixing_lengths_0_1_and_4k(dtype, options):
     problem = make_varlen_problem(q, k, v, cq, ck, max(lq), max(lk), **options)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(dtype).cuda()
     check_gradients(q, k, v, cq, ck, problem, options, dout)
+
+
+@pytest.mark.gpu
+def test_repeated_packed_calls_keep_one_launch_and_read_each_calls_offsets():
+    from fa2gen.runtime import dispatch
+
+    dispatch.clear_memo()
+    for seed, lengths in enumerate(([100, 3000, 7], [0, 3100, 7], [1, 1, 3105])):
+        q, k, v, cq, ck = packed(lengths, lengths, Hq=8, Hkv=2, D=64, device="cuda", seed=seed)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out, lse = fa2gen.attention_varlen(q, k, v, cq, ck, 3200, 3200, causal=True, return_lse=True)
+        check_each_sequence(q.detach(), k.detach(), v.detach(), cq, ck, out.detach(), lse, {"causal": True})
+        out.sum().backward()
+        assert not any(t.grad.isnan().any() for t in (q, k, v))
+    assert len(dispatch._launches) == 1

@@ -11,6 +11,7 @@ import torch
 
 from ..generator.cache import interpreting
 from .autograd import differentiable
+from .backward import BackwardLaunch
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
 from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
@@ -28,6 +29,21 @@ from .reference import attention_reference
 from .varlen import VarlenAttention, varlen_forward, varlen_reference
 
 _warned_cpu = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Varlen:
+    """A packed-batch call shape's forward launch, and its backward's, made on first need."""
+
+    problem: object
+    launch: Launch
+    backward: list  # [BackwardLaunch or None]
+    device: object  # its DeviceInfo (None: the interpreter)
+
+    def backward_launch(self) -> BackwardLaunch:
+        if self.backward[0] is None:
+            self.backward[0] = BackwardLaunch(self.problem, select_params(self.problem, self.device, "bwd"))
+        return self.backward[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,36 +188,49 @@ def attention_varlen(
     Returns out (total_q, Hq, D), or (out, lse) with lse (Hq, total_q) fp32.
     """
     _check_flags(return_lse=return_lse, deterministic=deterministic)
-    problem = make_varlen_problem(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal=causal,
-        sm_scale=sm_scale,
-        window_size=window_size,
-        softcap=softcap,
-        validate=validate,
-    )
-    if alibi_slopes is not None:
-        problem = dataclasses.replace(problem, alibi=True)
+    key = None
+    if validate is False and max_seqlen_q.__class__ is int and max_seqlen_k.__class__ is int:
+        options = _options_key(causal, sm_scale, window_size, softcap)
+        if options is not None:
+            extra = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+            key = _tensors_key(extra, ("varlen", max_seqlen_q, max_seqlen_k, *options))
+    kept = None if key is None else cached_launch(key)
+    if kept is None:
+        problem = make_varlen_problem(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            causal=causal,
+            sm_scale=sm_scale,
+            window_size=window_size,
+            softcap=softcap,
+            validate=validate,
+        )
+        if alibi_slopes is not None:
+            problem = dataclasses.replace(problem, alibi=True)
+    else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
+        problem = kept.problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type == "cuda" or interpreting():
         index = None
         if q.device.type == "cuda":
             index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        info = None if index is None else cuda_device_info(index)
-        params = select_params(problem, info)
-        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params)
+        if kept is None:  # the call shape's launches, kept for its next calls (CUDA)
+            info = None if index is None else cuda_device_info(index)
+            kept = _Varlen(problem, Launch(problem, select_params(problem, info)), [None], info)
+            if key is not None:
+                remember_launch(key, kept)
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
         with contextlib.nullcontext() if index is None else torch.cuda.device(index):  # (Triton launches there)
             if grad:
-                out, lse = VarlenAttention.apply(*args, select_params(problem, info, "bwd"), alibi)
+                out, lse = VarlenAttention.apply(*args, kept.launch, kept.backward_launch(), alibi)
             else:
-                out, lse = varlen_forward(*args, alibi=alibi)
+                out, lse = varlen_forward(*args, kept.launch.params, launch=kept.launch, alibi=alibi)
     else:
         _warn_cpu()
         out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, alibi=alibi_slopes)

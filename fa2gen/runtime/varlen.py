@@ -6,7 +6,6 @@ import contextlib
 
 import torch
 
-from .backward import BackwardLaunch
 from .launch import Launch
 from .problem import Problem
 from .reference import attention_reference
@@ -52,10 +51,12 @@ class VarlenAttention(torch.autograd.Function):
     forward keeps only out and the log-sum-exp)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, params, backward_params, alibi=None):
-        out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, params, alibi=alibi)
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, launch: Launch, backward, alibi=None):
+        """``launch``: the forward's; ``backward``: the backward's ``BackwardLaunch``."""
+        cu = (cu_seqlens_q, cu_seqlens_k)
+        out, lse = varlen_forward(q, k, v, *cu, problem, launch.params, launch=launch, alibi=alibi)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.problem, ctx.backward_params, ctx.alibi = problem, backward_params, alibi
+        ctx.problem, ctx.backward, ctx.alibi = problem, backward, alibi
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -72,7 +73,7 @@ class VarlenAttention(torch.autograd.Function):
         grads = [batch_view(t, b) for t in (dq, dk, dv)]
         # (Triton launches on the current device: the inputs' one, as in the forward)
         with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-            BackwardLaunch(problem, ctx.backward_params).run(
+            ctx.backward.run(
                 *views,
                 lse,
                 batch_view(dout, b),
