@@ -302,6 +302,10 @@ def test_attention_without_a_gradient_decodes_through_the_decode_kernels():
     assert any(key[0] == "as-cache" for key in dispatch._launches)
     verdict = check_forward(q, k, v, make_problem(q, k, v, causal=True), out, lse)
     assert verdict.ok, str(verdict)
+    [kept] = [launch for key, launch in dispatch._launches.items() if key[0] == "as-cache"]
     q.requires_grad_()
     fa2gen.attention(q, k, v, causal=True).sum().backward()  # a gradient: the dense kernels
     assert q.grad is not None and not q.grad.isnan().any()
+    with torch.no_grad():  # the shape's dense launch is kept now; the decode one is still found
+        fa2gen.attention(q, k, v, causal=True)
+    assert [launch for key, launch in dispatch._launches.items() if key[0] == "as-cache"] == [kept]

@@ -121,6 +121,8 @@ def attention(
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type == "cuda" and not grad and serves_as_cache(problem):
         # a few query tokens over long keys, no gradient: the decode kernels (runtime.kvcache)
+        if as_cache is None and key is not None:  # (a gradient call of this shape kept the dense launch)
+            as_cache = cached_launch(("as-cache", *key))
         if as_cache is None:
             index = q.device.index if q.device.index is not None else torch.cuda.current_device()
             info = cuda_device_info(index)
