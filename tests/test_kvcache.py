@@ -281,7 +281,8 @@ def test_which_attention_calls_the_decode_kernels_serve(sq, group, keys, served)
 @pytest.mark.interpreter
 @pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (30, 2), "softcap": 4.0}], ids=str)
 def test_dense_inputs_through_the_decode_kernels(options):
-    from fa2gen.runtime.kvcache import attention_as_cache, cache_problem
+    from fa2gen.runtime.kvcache import attention_as_cache
+    from fa2gen.runtime.problem import cache_problem
 
     q, k, v = rand_qkv(2, 6, 2, 3, 150, 40, seed=9, layout="bnhd")
     problem = cache_problem(make_problem(q, k, v, **options))

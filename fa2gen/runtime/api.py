@@ -19,12 +19,11 @@ from .kvcache import (
     CacheLaunch,
     attention_as_cache,
     cache_forward,
-    cache_problem,
     kvcache_reference,
     serves_as_cache,
 )
 from .launch import Launch, _sm_count, forward
-from .problem import check_alibi, make_kvcache_problem, make_problem, make_varlen_problem
+from .problem import cache_problem, check_alibi, make_kvcache_problem, make_problem, make_varlen_problem
 from .reference import attention_reference
 from .varlen import VarlenAttention, varlen_forward, varlen_reference
 

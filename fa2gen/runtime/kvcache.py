@@ -195,14 +195,6 @@ def serves_as_cache(problem: Problem) -> bool:
     return problem.seqlen_q <= 16 and problem.seqlen_k >= AS_CACHE_FEW_TOKENS
 
 
-def cache_problem(problem: Problem) -> Problem:
-    """An attention() problem as the decode kernels take it: k and v a full contiguous cache,
-    nothing appended (one query token's causal mask is none, as ``make_kvcache_problem`` has it)."""
-    if problem.seqlen_q == 1 and problem.mask == "causal":
-        problem = dataclasses.replace(problem, mask="none", window_right=-1)
-    return dataclasses.replace(problem, new_keys=0, page_size=0)
-
-
 _FULL: dict = {}
 
 

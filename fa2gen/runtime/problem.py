@@ -6,6 +6,7 @@ input fails here, with an error naming the argument, before any kernel runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -391,10 +392,7 @@ def make_kvcache_problem(
             lo, hi = int(block_table.min()), int(block_table.max())
             if lo < 0 or hi >= k_cache.shape[0]:
                 raise ValueError(f"block_table holds page {lo if lo < 0 else hi}, outside [0, {k_cache.shape[0]})")
-    options = _options(D, causal, sm_scale, window_size, softcap)
-    if Sq == 1 and options["mask"] == "causal":  # one query token sees every key: one kernel for both
-        options.update(mask="none", window_right=-1)
-    return Problem(
+    problem = Problem(
         batch=B,
         heads_q=Hq,
         heads_kv=Hkv,
@@ -402,10 +400,20 @@ def make_kvcache_problem(
         seqlen_k=capacity,
         head_dim=D,
         dtype=DTYPE_NAMES[q.dtype],
-        **options,
+        **_options(D, causal, sm_scale, window_size, softcap),
         new_keys=new,
         page_size=rows if paged else 0,
     )
+    return cache_problem(problem, new_keys=new, page_size=problem.page_size)
+
+
+def cache_problem(problem: Problem, *, new_keys: int = 0, page_size: int = 0) -> Problem:
+    """``problem`` as the decode kernels take it: ``new_keys`` appended, pages of ``page_size``
+    (0: k and v a contiguous cache); one query token's causal mask is none (it sees every key:
+    one kernel for both)."""
+    if problem.seqlen_q == 1 and problem.mask == "causal":
+        problem = dataclasses.replace(problem, mask="none", window_right=-1)
+    return dataclasses.replace(problem, new_keys=new_keys, page_size=page_size)
 
 
 def check_alibi(slopes, problem: Problem, device) -> tuple | None:
