@@ -167,7 +167,7 @@ def test_alibi_is_its_own_kernel_in_the_triton_templates_only():
 
     assert (
         unsupported(spec, TuningParams(64, 64, 4, 3, "tma_host", gluon=1))
-        == "ALiBi runs in the Triton template (gluon=0)"
+        == "ALiBi and dropout run in the Triton template (gluon=0)"
     )
     assert unsupported(spec, TuningParams(64, 64, 4, 3, "tma_host")) is None
 

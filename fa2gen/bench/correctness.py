@@ -56,11 +56,23 @@ def _heads(descale, h0: int, h1: int):
 
 
 def check_forward(
-    q, k, v, problem: Problem, out, lse=None, *, atol: float = ATOL, heads_per_chunk: int = 8, descales=None, alibi=None
+    q,
+    k,
+    v,
+    problem: Problem,
+    out,
+    lse=None,
+    *,
+    atol: float = ATOL,
+    heads_per_chunk: int = 8,
+    descales=None,
+    alibi=None,
+    dropout=None,
 ) -> Verdict:
     """Judge a forward result by flash-attention's rule; NaN anywhere fails. ``descales``:
     fp8 inputs' factors as ``fa2gen.runtime.fp8.check_descales`` returns them (None: all 1).
-    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq)."""
+    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq). ``dropout``: (keep mask (B, Hq, Nq, Nk),
+    dropout_p), the mask the call drew (``runtime.dropout.problem_mask``)."""
     fp8 = q.dtype == FP8_TORCH
     if fp8:
         descales = descales or check_descales(problem, q.device, None, None, None)
@@ -77,8 +89,9 @@ def check_forward(
             odt, ldt = attention_fp8(qs, ks, vs, ds, sub)
         else:
             slopes = None if alibi is None else alibi[..., h0:h1]
-            o32, l32 = attention_reference(qs.float(), ks.float(), vs.float(), sub, alibi=slopes)
-            odt, ldt = attention_reference(qs, ks, vs, sub, compute_dtype=q.dtype, alibi=slopes)
+            drop = None if dropout is None else (dropout[0][:, h0:h1], dropout[1])
+            o32, l32 = attention_reference(qs.float(), ks.float(), vs.float(), sub, alibi=slopes, dropout=drop)
+            odt, ldt = attention_reference(qs, ks, vs, sub, compute_dtype=q.dtype, alibi=slopes, dropout=drop)
         outs32.append(o32)
         lses32.append(l32)
         outs_dt.append(odt)
@@ -140,21 +153,33 @@ class GradVerdict:
         return f"{status}: {parts}"
 
 
-def _reference_grads(q, k, v, dout, problem: Problem, compute_dtype, alibi=None):
+def _reference_grads(q, k, v, dout, problem: Problem, compute_dtype, alibi=None, dropout=None):
     leaves = [
         t.detach().to(compute_dtype if compute_dtype == torch.float32 else t.dtype).requires_grad_() for t in (q, k, v)
     ]
-    out, _ = attention_reference(*leaves, problem, compute_dtype=compute_dtype, alibi=alibi)
+    out, _ = attention_reference(*leaves, problem, compute_dtype=compute_dtype, alibi=alibi, dropout=dropout)
     out.backward(dout.to(out.dtype))
     return [t.grad for t in leaves]
 
 
 def check_backward(
-    q, k, v, problem: Problem, dout, dq, dk, dv, *, atol: float = ATOL, heads_per_chunk: int = 8, alibi=None
+    q,
+    k,
+    v,
+    problem: Problem,
+    dout,
+    dq,
+    dk,
+    dv,
+    *,
+    atol: float = ATOL,
+    heads_per_chunk: int = 8,
+    alibi=None,
+    dropout=None,
 ) -> GradVerdict:
     """Judge gradients by flash-attention's rule (each of dq, dk, dv against an fp32
     reference, allowed twice PyTorch's own error in the inputs' dtype plus atol); NaN fails.
-    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq)."""
+    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq); ``dropout``: as ``check_forward``'s."""
     g = problem.group
     step = max(g, (heads_per_chunk // g) * g)
     refs, bases = [[], [], []], [[], [], []]
@@ -163,9 +188,10 @@ def check_backward(
         sub = Problem(**{**problem.__dict__, "heads_q": h1 - h0, "heads_kv": (h1 - h0) // g})
         args = (q[:, h0:h1], k[:, h0 // g : h1 // g], v[:, h0 // g : h1 // g], dout[:, h0:h1], sub)
         slopes = None if alibi is None else alibi[..., h0:h1]
+        drop = None if dropout is None else (dropout[0][:, h0:h1], dropout[1])
         for acc, grads in (
-            (refs, _reference_grads(*args, torch.float32, slopes)),
-            (bases, _reference_grads(*args, q.dtype, slopes)),
+            (refs, _reference_grads(*args, torch.float32, slopes, drop)),
+            (bases, _reference_grads(*args, q.dtype, slopes, drop)),
         ):
             for i, grad in enumerate(grads):
                 acc[i].append(grad)

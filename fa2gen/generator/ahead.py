@@ -20,7 +20,7 @@ from .cache import interpreting, load_module
 from .descriptors import Kernel, plan, template_of
 from .spec import KernelSpec, TuningParams
 
-_TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv", "fp32": "fp32", "i32": "i32"}
+_TRITON_TYPES = {"fp16": "fp16", "bf16": "bf16", "fp8e4m3": "fp8e4nv", "fp32": "fp32", "i32": "i32", "i64": "i64"}
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ class Variant:
             parts.append("paged")
         if s.alibi:
             parts.append("alibi")
+        if s.dropout:
+            parts.append("dropout")
         parts += [f"{tag}{getattr(p, field)}" for field, tag in _TAGS.items()]
         parts.append(p.loads)
         if s.direction == "bwd":

@@ -20,6 +20,8 @@ GLUON_TEMPLATE = GLUON_TEMPLATES["fwd"]
 # The other templates a direction renders from. A tuned entry chose among all of its
 # direction's templates, so the direction's hash covers them all.
 EXTRA_TEMPLATES = {d: tuple(t.file for t in direction_templates(d)[1:]) for d in DIRECTIONS}
+# Files a direction's templates include (Jinja ``include``), hashed with them
+INCLUDED = {"fwd": ("philox_dropout.py.jinja",), "bwd": ("philox_dropout.py.jinja",), "decode": ()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,8 +53,10 @@ def template_file(spec: KernelSpec, params: TuningParams) -> str:
 @functools.lru_cache(maxsize=None)
 def template_hash(direction: str) -> str:
     """Digest of the sources a direction renders from (the cache key's template component):
-    its Triton template, then any others in ``EXTRA_TEMPLATES`` order."""
-    sources = [template_source(direction)] + [_file_source(f) for f in EXTRA_TEMPLATES[direction]]
+    its Triton template, then any others in ``EXTRA_TEMPLATES`` order, then the files they
+    include."""
+    files = EXTRA_TEMPLATES[direction] + INCLUDED[direction]
+    sources = [template_source(direction)] + [_file_source(f) for f in files]
     return hashlib.sha256("".join(sources).encode()).hexdigest()[:16]
 
 

@@ -65,6 +65,9 @@ class KernelSpec:
     alibi: whether each score gets ALiBi's bias, -slope * |j - (i + Nk - Nq)|, one slope per
         query head (or per batch and query head), given at run time. fp16 and bf16, the Triton
         templates.
+    dropout: whether the probabilities pass through dropout (``dropout_p`` and a Philox seed at
+        run time; the backward draws the forward's mask again). fp16 and bf16, the Triton
+        forward and backward templates.
     """
 
     direction: str = "fwd"
@@ -75,6 +78,7 @@ class KernelSpec:
     varlen: bool = False
     paged: bool = False
     alibi: bool = False
+    dropout: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("KernelSpec", "direction", self.direction, DIRECTIONS)
@@ -85,6 +89,9 @@ class KernelSpec:
         _check_choice("KernelSpec", "varlen", self.varlen, (False, True))
         _check_choice("KernelSpec", "paged", self.paged, (False, True))
         _check_choice("KernelSpec", "alibi", self.alibi, (False, True))
+        _check_choice("KernelSpec", "dropout", self.dropout, (False, True))
+        if self.dropout and (self.dtype in FP8_DTYPES or self.direction == "decode"):
+            raise SpecError("KernelSpec.dropout: dropout takes fp16 or bf16, forward and backward (not decode)")
         if self.alibi and self.dtype in FP8_DTYPES:
             raise SpecError("KernelSpec.alibi: ALiBi takes fp16 or bf16")
         if self.paged and self.direction != "decode":
@@ -118,9 +125,10 @@ class KernelSpec:
         return _from_dict(cls, data)
 
     def to_dict(self) -> dict:
-        # varlen, paged and alibi only where set: every other spec's dict, and so its rendered code, as before
+        # varlen, paged, alibi and dropout only where set: every other spec's dict, and so its
+        # rendered code, as before
         d = dataclasses.asdict(self)
-        for flag in ("varlen", "paged", "alibi"):
+        for flag in ("varlen", "paged", "alibi", "dropout"):
             if not d[flag]:
                 del d[flag]
         return d

@@ -14,6 +14,7 @@ from .autograd import differentiable
 from .backward import BackwardLaunch
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
+from .dropout import check_dropout, draw_seed
 from .fp8 import FP8_TORCH, check_descales, dequantized, no_descales
 from .kvcache import (
     CacheLaunch,
@@ -68,6 +69,7 @@ def attention(
     descale_k: torch.Tensor | None = None,
     descale_v: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ):
     """Exact softmax attention, FlashAttention-2 style, with a tuned generated kernel.
 
@@ -91,6 +93,12 @@ def attention(
     alibi_slopes: ALiBi, float32 (Hq,) or (B, Hq): each score gets -slope * |j - (i + Nk - Nq)|
         (after the softcap), as flash-attention's alibi_slopes. fp16 and bf16; runs the Triton
         template with its default config (no tuned entries yet).
+    dropout_p: drop each attention probability with this chance (in [0, 1)), the kept ones
+        scaled by 1 / (1 - dropout_p), as flash-attention's dropout_p (0 for evaluation). The
+        mask comes from Philox under a seed drawn per call from torch's generator of q's
+        device (``torch.manual_seed`` repeats it); the backward draws the same mask again
+        (``fa2gen.runtime.dropout``). fp16 and bf16; the Triton templates with their default
+        configs. The CPU path without the interpreter uses torch's dropout instead.
 
     Differentiable in q, k and v for fp16 and bf16 (generated backward kernels; the forward
     keeps only O and the log-sum-exp).
@@ -102,18 +110,17 @@ def attention(
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
     _check_flags(return_lse=return_lse, deterministic=deterministic)
-    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, (descale_q, descale_k, descale_v, alibi_slopes))
+    extra = (descale_q, descale_k, descale_v, alibi_slopes)
+    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, extra, dropout_p)
     launch = None if key is None else cached_launch(key)
     as_cache = None if key is None or launch is not None else cached_launch(("as-cache", *key))
     if launch is None and as_cache is None:
         problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
-        if alibi_slopes is not None:
-            if q.dtype == FP8_TORCH:
-                raise ValueError("alibi_slopes: ALiBi takes fp16 or bf16 inputs, not fp8")
-            problem = dataclasses.replace(problem, alibi=True)
+        problem = _with_options(problem, q, alibi_slopes, dropout_p)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = (launch or as_cache).problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
+    dropout = (draw_seed(q.device), dropout_p) if problem.dropout else None
     if q.dtype == FP8_TORCH:
         return _attention_fp8(q, k, v, problem, launch, key, return_lse, (descale_q, descale_k, descale_v))
     no_descales(descale_q, descale_k, descale_v, q.dtype)
@@ -134,18 +141,19 @@ def attention(
         out, lse = run() if index is None or index == torch.cuda.current_device() else _on_device(index, run)
     elif q.device.type == "cuda":
         launch, other = _cuda_launch(q, problem, launch, key)
-        run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, alibi=alibi)
+        run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, alibi=alibi, dropout=dropout)
         if other is not None:  # Triton launches on the current device
             run = functools.partial(_on_device, other, run)
         out, lse = differentiable(
-            q, k, v, problem, run, deterministic=deterministic, launches=launch.backward, alibi=alibi
+            q, k, v, problem, run, deterministic=deterministic, launches=launch.backward, alibi=alibi, dropout=dropout
         )
     elif interpreting():
-        run = functools.partial(forward, q, k, v, problem, select_params(problem, None), alibi=alibi)
-        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic, alibi=alibi)
+        params = select_params(problem, None)
+        run = functools.partial(forward, q, k, v, problem, params, alibi=alibi, dropout=dropout)
+        out, lse = differentiable(q, k, v, problem, run, deterministic=deterministic, alibi=alibi, dropout=dropout)
     else:
         _warn_cpu()
-        out, lse = attention_reference(q, k, v, problem, alibi=alibi_slopes)
+        out, lse = attention_reference(q, k, v, problem, alibi=alibi_slopes, dropout=_torch_dropout(problem, dropout_p))
     return (out, lse) if return_lse else out
 
 
@@ -166,6 +174,7 @@ def attention_varlen(
     deterministic: bool = False,
     validate: bool = False,
     alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
 ):
     """Attention over a packed batch of sequences of their own lengths (flash-attention's
     ``flash_attn_varlen_func`` layout).
@@ -181,7 +190,8 @@ def attention_varlen(
     unwritten or read out of their sequence. ``validate=True`` checks this first (one host
     sync) and raises ValueError naming the argument.
     alibi_slopes: ALiBi's slopes, float32 (Hq,) or (B, Hq) (one row per sequence), as in
-    ``attention()``.
+    ``attention()``. dropout_p: as in ``attention()``; a packed batch's mask streams are its
+    query heads, its rows the packed query rows (``fa2gen.runtime.dropout.problem_mask``).
     causal (bottom-right aligned within each sequence), sm_scale, window_size and softcap as
     in ``attention()``; deterministic is accepted for flash-attention's signature (the forward
     and backward have no atomics). Differentiable in q, k and v (generated backward kernels,
@@ -191,7 +201,7 @@ def attention_varlen(
     _check_flags(return_lse=return_lse, deterministic=deterministic)
     key = None
     if validate is False and max_seqlen_q.__class__ is int and max_seqlen_k.__class__ is int:
-        options = _options_key(causal, sm_scale, window_size, softcap)
+        options = _options_key(causal, sm_scale, window_size, softcap, dropout_p)
         if options is not None:
             extra = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
             key = _tensors_key(extra, ("varlen", max_seqlen_q, max_seqlen_k, *options))
@@ -211,11 +221,11 @@ def attention_varlen(
             softcap=softcap,
             validate=validate,
         )
-        if alibi_slopes is not None:
-            problem = dataclasses.replace(problem, alibi=True)
+        problem = _with_options(problem, q, alibi_slopes, dropout_p)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = kept.problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
+    dropout = (draw_seed(q.device), dropout_p) if problem.dropout else None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type == "cuda" or interpreting():
         index = None
@@ -229,12 +239,13 @@ def attention_varlen(
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
         with contextlib.nullcontext() if index is None else torch.cuda.device(index):  # (Triton launches there)
             if grad:
-                out, lse = VarlenAttention.apply(*args, kept.launch, kept.backward_launch(), alibi)
+                out, lse = VarlenAttention.apply(*args, kept.launch, kept.backward_launch(), alibi, dropout)
             else:
-                out, lse = varlen_forward(*args, kept.launch.params, launch=kept.launch, alibi=alibi)
+                out, lse = varlen_forward(*args, kept.launch.params, launch=kept.launch, alibi=alibi, dropout=dropout)
     else:
         _warn_cpu()
-        out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, alibi=alibi_slopes)
+        drop = _torch_dropout(problem, dropout_p)
+        out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, alibi=alibi_slopes, dropout=drop)
     return (out, lse) if return_lse else out
 
 
@@ -314,6 +325,29 @@ def attention_with_kvcache(
     return (out, lse) if return_lse else out
 
 
+def _with_options(problem, q, alibi_slopes, dropout_p):
+    """``problem`` with the ALiBi and dropout flags of a call's options, checked."""
+    fp8 = q.dtype == FP8_TORCH
+    if alibi_slopes is not None:
+        if fp8:
+            raise ValueError("alibi_slopes: ALiBi takes fp16 or bf16 inputs, not fp8")
+        problem = dataclasses.replace(problem, alibi=True)
+    if check_dropout(dropout_p) > 0.0:
+        if fp8:
+            raise ValueError("dropout_p: dropout takes fp16 or bf16 inputs, not fp8")
+        problem = dataclasses.replace(problem, dropout=True)
+    return problem
+
+
+def _torch_dropout(problem, dropout_p: float):
+    """The CPU reference's dropout: a mask from torch's generator (not the kernels' Philox)."""
+    if not problem.dropout:
+        return None
+    rows = problem.total_q if problem.varlen else problem.seqlen_q
+    shape = (1 if problem.varlen else problem.batch, problem.heads_q, rows, problem.seqlen_k)
+    return torch.rand(shape) >= dropout_p, dropout_p
+
+
 def _check_flags(**flags) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
@@ -370,15 +404,15 @@ def _on_device(index, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def _call_key(q, k, v, causal, sm_scale, window_size, softcap, extra=()) -> tuple | None:
+def _call_key(q, k, v, causal, sm_scale, window_size, softcap, extra=(), dropout_p=0.0) -> tuple | None:
     """What makes two CUDA calls launch the same kernel the same way, or None when the
     call cannot be keyed cheaply (then it is validated and dispatched in full). ``extra``:
     the call's other tensors (fp8's factors, ALiBi's slopes) or None for those not given."""
-    options = _options_key(causal, sm_scale, window_size, softcap)
+    options = _options_key(causal, sm_scale, window_size, softcap, dropout_p)
     return None if options is None else _tensors_key((q, k, v, *extra), options)
 
 
-def _options_key(causal, sm_scale, window_size, softcap) -> tuple | None:
+def _options_key(causal, sm_scale, window_size, softcap, dropout_p=0.0) -> tuple | None:
     """A call's options as a key, or None where they are not of the plain types validation
     accepts: it rejects ``causal=1`` or ``window_size=(True, 0)``, which compare equal to
     accepted values, so the types are part of the key."""
@@ -390,9 +424,11 @@ def _options_key(causal, sm_scale, window_size, softcap) -> tuple | None:
         or len(window_size) != 2
         or window_size[0].__class__ is not int
         or window_size[1].__class__ is not int
+        or dropout_p.__class__ is not float
+        or not 0.0 <= dropout_p < 1.0
     ):
         return None
-    return (causal, sm_scale, window_size, softcap)
+    return (causal, sm_scale, window_size, softcap, dropout_p)
 
 
 def _tensors_key(tensors, options: tuple) -> tuple | None:

@@ -17,10 +17,10 @@ class AttentionFunction(torch.autograd.Function):
     """Differentiable in q, k and v. The log-sum-exp output is not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, problem, run_forward, deterministic, launches, alibi):
+    def forward(ctx, q, k, v, problem, run_forward, deterministic, launches, alibi, dropout):
         out, lse = run_forward()
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.problem, ctx.alibi = problem, alibi
+        ctx.problem, ctx.alibi, ctx.dropout = problem, alibi, dropout
         ctx.deterministic = deterministic
         ctx.launches = launches
         ctx.mark_non_differentiable(lse)
@@ -39,10 +39,10 @@ class AttentionFunction(torch.autograd.Function):
                 launches[deterministic] = launch
         if q.device.type == "cuda" and q.get_device() != torch.cuda.current_device():
             with torch.cuda.device(q.get_device()):  # Triton launches on the current device
-                grads = launch.run(q, k, v, out, lse, dout, alibi=ctx.alibi)
+                grads = launch.run(q, k, v, out, lse, dout, alibi=ctx.alibi, dropout=ctx.dropout)
         else:
-            grads = launch.run(q, k, v, out, lse, dout, alibi=ctx.alibi)
-        return (*grads, None, None, None, None, None)
+            grads = launch.run(q, k, v, out, lse, dout, alibi=ctx.alibi, dropout=ctx.dropout)
+        return (*grads, None, None, None, None, None, None)
 
 
 def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
@@ -57,12 +57,15 @@ def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
     return BackwardLaunch(problem, params)
 
 
-def differentiable(q, k, v, problem, run, *, deterministic: bool = False, launches: dict | None = None, alibi=None):
+def differentiable(
+    q, k, v, problem, run, *, deterministic: bool = False, launches: dict | None = None, alibi=None, dropout=None
+):
     """Run the forward (``run()`` returns (out, lse)), through autograd when a gradient is
     wanted; ``deterministic`` keeps the backward free of atomics. ``launches``: where to keep
     the backward's launch for later calls of the same shape (a forward ``Launch``'s
     ``backward``), or None to build it per call. ``alibi``: ALiBi's (slopes, batch stride),
-    for the backward (the slopes get no gradient)."""
+    for the backward (the slopes get no gradient); ``dropout``: the forward's (seed, dropout_p),
+    whose mask the backward draws again."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return AttentionFunction.apply(q, k, v, problem, run, deterministic, launches, alibi)
+        return AttentionFunction.apply(q, k, v, problem, run, deterministic, launches, alibi, dropout)
     return run()

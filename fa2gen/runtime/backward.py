@@ -33,6 +33,7 @@ def backward(
     dk=None,
     dv=None,
     alibi=None,
+    dropout=None,
     compile_only: bool = False,
 ):
     """Gradients (dq, dk, dv) of ``problem``'s attention for the output gradient ``dout``.
@@ -44,10 +45,11 @@ def backward(
     bit-identical gradients; "atomic" adds dQ in fp32 in no fixed order. ``compile_only``
     compiles this call's kernels without launching them (the tuner's workers). A caller that
     repeats a call shape keeps a ``BackwardLaunch`` instead (attention() does). ``alibi``:
-    ALiBi's (slopes, batch stride), as the forward took them.
+    ALiBi's (slopes, batch stride), as the forward took them; ``dropout``: the forward's
+    (seed, dropout_p).
     """
     return BackwardLaunch(problem, params).run(
-        q, k, v, out, lse, dout, dq=dq, dk=dk, dv=dv, alibi=alibi, compile_only=compile_only
+        q, k, v, out, lse, dout, dq=dq, dk=dk, dv=dv, alibi=alibi, dropout=dropout, compile_only=compile_only
     )
 
 
@@ -208,11 +210,13 @@ class BackwardLaunch:
         dv=None,
         cu_seqlens=None,
         alibi=None,
+        dropout=None,
         compile_only: bool = False,
     ):
         """The gradients (dq, dk, dv); arguments as ``backward``'s. ``cu_seqlens``: a packed
         batch's (cu_seqlens_q, cu_seqlens_k), with the tensors as ``runtime.varlen.batch_view``
-        gives them and lse (Hq, total_q). ``alibi``: ALiBi's (slopes, batch stride)."""
+        gives them and lse (Hq, total_q). ``alibi``: ALiBi's (slopes, batch stride); ``dropout``:
+        the forward's (seed, dropout_p)."""
         if dout.shape != out.shape:
             raise ValueError(f"grad_output must have the output's shape {tuple(out.shape)}, got {tuple(dout.shape)}")
         if dout.dtype != out.dtype:
@@ -228,11 +232,14 @@ class BackwardLaunch:
         dv = torch.empty_like(v) if dv is None else dv
         if self.problem.batch == 0:
             return dq, dk, dv
-        return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens, alibi)
+        return self._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens, alibi, dropout)
 
-    def _launch(self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool, cu_seqlens=None, alibi=None):
+    def _launch(
+        self, q, k, v, out, lse, dout, dq, dk, dv, compile_only: bool, cu_seqlens=None, alibi=None, dropout=None
+    ):
         if not self._runs_here(q, k, v, dout, dq, dk, dv):
-            return self.fallback()._launch(q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens, alibi)
+            args = (q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens, alibi, dropout)
+            return self.fallback()._launch(*args)
         launches, grids = self._load(), self.grids
         delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)  # (one per row of LSE)
         given = dict(Q=q, K=k, V=v, O=out, DO=dout, LSE=lse.contiguous(), DELTA=delta, DQ=dq, DK=dk, DV=dv)
@@ -240,6 +247,8 @@ class BackwardLaunch:
             given["CU_Q"], given["CU_K"] = cu_seqlens
         if alibi is not None:
             given["ALIBI"], given["stride_ab"] = alibi
+        if dropout is not None:
+            given["SEED"], given["dropout_p"] = dropout
 
         def run(name, grid, given, key=None):
             fn, binding, options = launches[name]

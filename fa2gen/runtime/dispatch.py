@@ -37,8 +37,8 @@ def remember_launch(key: tuple, launch) -> None:
 def explain(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") -> Choice:
     """The params for ``problem``'s ``direction`` on ``device`` (None: CPU interpreter) and
     where they came from."""
-    # (packed batches and ALiBi share their buckets with the plain calls but not their configs)
-    key = (device, bucket_fields(problem, direction), problem.varlen, problem.alibi)
+    # (packed batches, ALiBi and dropout share their buckets with the plain calls but not their configs)
+    key = (device, bucket_fields(problem, direction), problem.varlen, problem.alibi, problem.dropout)
     choice = _memo.get(key)
     if choice is None:
         found = choose(problem, device, direction)

@@ -188,7 +188,9 @@ def serves_as_cache(problem: Problem) -> bool:
     """Whether an attention() call without a gradient runs the decode kernels, its k and v a
     full cache (``attention_as_cache``)."""
     # (asked on every CUDA call of attention(): the cheapest test first)
-    if problem.seqlen_q > 16 or problem.varlen or problem.kernel_spec().fp8 or problem.seqlen_q * problem.group > 128:
+    if problem.seqlen_q > 16 or problem.varlen or problem.seqlen_q * problem.group > 128:
+        return False
+    if problem.dropout or problem.kernel_spec().fp8:  # (the decode kernels have no dropout)
         return False
     if problem.seqlen_q == 1:
         return problem.seqlen_k >= AS_CACHE_ONE_TOKEN

@@ -248,20 +248,24 @@ class Launch:
             self._fallback = Launch(self.problem, params)
         return self._fallback
 
-    def run(self, q, k, v, out, lse, *, descales=None, cu_seqlens=None, alibi=None, compile_only: bool = False) -> None:
+    def run(
+        self, q, k, v, out, lse, *, descales=None, cu_seqlens=None, alibi=None, dropout=None, compile_only: bool = False
+    ) -> None:
         """``descales``: for fp8 inputs, the three (factor, stride_b, stride_h) of
         ``fp8.check_descales``; ``v`` is then given as it is and staged transposed here.
         ``cu_seqlens``: a packed batch's (cu_seqlens_q, cu_seqlens_k), with q, k, v and out as
         ``runtime.varlen.batch_view`` gives them. ``alibi``: ALiBi's (slopes, batch stride) of
-        ``problem.check_alibi``."""
-        self._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi)
+        ``problem.check_alibi``. ``dropout``: (seed, dropout_p) of ``runtime.dropout``."""
+        self._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi, dropout)
 
     def staged_v(self, v: torch.Tensor) -> torch.Tensor:
         """V as this launch's kernel reads it: for fp8, transposed, and with its keys in P's
         order where the kernel is the Gluon one (``transposed_v(key_order=True)``)."""
         return transposed_v(v, key_order=bool(self.params.gluon), kept=self._direct) if self.spec.fp8 else v
 
-    def _launch(self, q, k, v, out, lse, descales, compile_only: bool, cu_seqlens=None, alibi=None) -> None:
+    def _launch(
+        self, q, k, v, out, lse, descales, compile_only: bool, cu_seqlens=None, alibi=None, dropout=None
+    ) -> None:
         # fp8's staged V is new, contiguous and padded for descriptors: only the caller's
         # tensors decide where the kernel runs, and V is staged once, for the kernel that does
         given = (q, k, out) if self.spec.fp8 else (q, k, v, out)
@@ -270,8 +274,8 @@ class Launch:
         else:
             runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given)
         if not runs_here:
-            return self.fallback()._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi)
-        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales, cu_seqlens, alibi)
+            return self.fallback()._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi, dropout)
+        kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales, cu_seqlens, alibi, dropout)
         if compile_only:
             direct.warmup(kernel, self.grid, args, options)
         else:
@@ -285,7 +289,7 @@ class Launch:
         self.bound = bound(self.spec, self.kernel, module, self.fixed, bool(self.params.gluon))
         self.module = module
 
-    def prepared(self, q, k, v, out, lse, descales=None, cu_seqlens=None, alibi=None):
+    def prepared(self, q, k, v, out, lse, descales=None, cu_seqlens=None, alibi=None, dropout=None):
         """(kernel, arguments, keyword options) of this launch on tensors it can take (fp8: V
         as ``staged_v`` gives it), so that ``kernel[self.grid](*arguments, **options)`` runs it;
         benchmarks/overhead.py times that bare launch. fp8 ``descales`` None: all 1."""
@@ -298,6 +302,8 @@ class Launch:
             given["CU_Q"], given["CU_K"] = cu_seqlens
         if alibi is not None:
             given["ALIBI"], given["stride_ab"] = alibi
+        if dropout is not None:
+            given["SEED"], given["dropout_p"] = dropout
         if self.spec.fp8:
             if descales is None:
                 descales = check_descales(self.problem, q.device, None, None, None)
@@ -325,6 +331,7 @@ def forward(
     launch: Launch | None = None,
     descales=None,
     alibi=None,
+    dropout=None,
 ):
     """Run the forward kernel for ``problem`` with ``params``; returns (out, lse fp32).
 
@@ -334,6 +341,7 @@ def forward(
     for this problem and these params (``attention()`` keeps one per call shape).
     ``descales``: fp8 inputs' factors as ``fp8.check_descales`` returns them (None: all 1).
     ``alibi``: ALiBi's (slopes, batch stride) as ``problem.check_alibi`` returns them.
+    ``dropout``: (seed, dropout_p) as ``runtime.dropout`` gives them.
     """
     fp8 = problem.kernel_spec().fp8
     if fp8 and descales is None:
@@ -345,6 +353,6 @@ def forward(
     if problem.batch == 0:
         return out, lse
     (launch or Launch(problem, params)).run(
-        q, k, v, out, lse, descales=descales, alibi=alibi, compile_only=compile_only
+        q, k, v, out, lse, descales=descales, alibi=alibi, dropout=dropout, compile_only=compile_only
     )
     return out, lse

@@ -188,7 +188,8 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
     bucket = Bucket.of(problem, spec.direction)
     if spec.varlen:  # packed batches have no tuned buckets yet: the default for their spec
         return Choice(default_params(spec, arch, problem.seqlen_q), "default")
-    if spec.alibi:  # nor has ALiBi (tuned entries may be Gluon's): the bucket's default, Triton's
+    if spec.alibi or spec.dropout:  # nor have ALiBi and dropout (tuned entries may be Gluon's): the
+        # bucket's default, Triton's
         return Choice(bucket_default(bucket, arch), "default")
     if device is not None and not tuned_disabled():
         validity = _validity(device)

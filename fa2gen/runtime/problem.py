@@ -53,6 +53,9 @@ class Problem:
     page_size: int = 0
     # ALiBi slopes given (``check_alibi``): the kernels add -slope * |j - (i + Nk - Nq)|
     alibi: bool = False
+    # dropout_p > 0 given (``runtime.dropout.check_dropout``): the probability and the seed are
+    # the call's, passed at launch
+    dropout: bool = False
 
     @property
     def group(self) -> int:
@@ -60,7 +63,17 @@ class Problem:
 
     def kernel_spec(self, direction: str = "fwd") -> KernelSpec:
         paged = direction == "decode" and self.page_size > 0
-        return _spec(direction, self.dtype, self.head_dim, self.mask, self.softcap > 0, self.varlen, paged, self.alibi)
+        return _spec(
+            direction,
+            self.dtype,
+            self.head_dim,
+            self.mask,
+            self.softcap > 0,
+            self.varlen,
+            paged,
+            self.alibi,
+            self.dropout,
+        )
 
     def flops(self) -> float:
         """Forward FLOPs by the FlashAttention-2 paper's count (halved when causal and square)."""
@@ -80,6 +93,7 @@ def _spec(
     varlen: bool,
     paged: bool = False,
     alibi: bool = False,
+    dropout: bool = False,
 ) -> KernelSpec:
     # Specs are immutable and few: build (and validate) each once, not per call.
     return KernelSpec(
@@ -91,6 +105,7 @@ def _spec(
         varlen=varlen,
         paged=paged,
         alibi=alibi,
+        dropout=dropout,
     )
 
 

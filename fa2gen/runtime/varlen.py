@@ -30,6 +30,7 @@ def varlen_forward(
     lse=None,
     launch: Launch | None = None,
     alibi=None,
+    dropout=None,
 ):
     """(out (total_q, Hq, D), lse (Hq, total_q) fp32) of a packed batch, with no host sync.
     Every query row must lie in a sequence of the offsets (as ``validate`` checks): rows
@@ -42,7 +43,9 @@ def varlen_forward(
         return out, lse
     b = problem.batch
     views = [batch_view(t, b) for t in (q, k, v, out)]
-    (launch or Launch(problem, params)).run(*views, lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k), alibi=alibi)
+    (launch or Launch(problem, params)).run(
+        *views, lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k), alibi=alibi, dropout=dropout
+    )
     return out, lse
 
 
@@ -51,12 +54,14 @@ class VarlenAttention(torch.autograd.Function):
     forward keeps only out and the log-sum-exp)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, launch: Launch, backward, alibi=None):
+    def forward(
+        ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, launch: Launch, backward, alibi=None, dropout=None
+    ):
         """``launch``: the forward's; ``backward``: the backward's ``BackwardLaunch``."""
         cu = (cu_seqlens_q, cu_seqlens_k)
-        out, lse = varlen_forward(q, k, v, *cu, problem, launch.params, launch=launch, alibi=alibi)
+        out, lse = varlen_forward(q, k, v, *cu, problem, launch.params, launch=launch, alibi=alibi, dropout=dropout)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.problem, ctx.backward, ctx.alibi = problem, backward, alibi
+        ctx.problem, ctx.backward, ctx.alibi, ctx.dropout = problem, backward, alibi, dropout
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -66,7 +71,7 @@ class VarlenAttention(torch.autograd.Function):
         problem = ctx.problem
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         if problem.batch == 0:
-            return dq, dk.zero_(), dv.zero_(), None, None, None, None, None, None
+            return dq, dk.zero_(), dv.zero_(), None, None, None, None, None, None, None
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
         b = problem.batch
         views = [batch_view(t, b) for t in (q, k, v, out)]
@@ -82,13 +87,17 @@ class VarlenAttention(torch.autograd.Function):
                 dv=grads[2],
                 cu_seqlens=(cu_q, cu_k),
                 alibi=ctx.alibi,
+                dropout=ctx.dropout,
             )
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, compute_dtype=torch.float32, alibi=None):
+def varlen_reference(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, compute_dtype=torch.float32, alibi=None, dropout=None
+):
     """The PyTorch reference of a packed batch, one sequence at a time (reads the offsets);
-    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq)."""
+    ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq); ``dropout``: (keep mask (Hq, total_q,
+    max_seqlen_k) as ``dropout.problem_mask`` gives it, dropout_p)."""
     out = torch.zeros_like(q)
     lse = torch.full((problem.heads_q, problem.total_q), float("-inf"), dtype=torch.float32, device=q.device)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -102,6 +111,7 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem: Problem, *, c
             one,
             compute_dtype=compute_dtype,
             alibi=None if alibi is None else alibi[i] if alibi.dim() == 2 else alibi,
+            dropout=None if dropout is None else (dropout[0][None, :, q0:q1, : k1 - k0], dropout[1]),
         )
         out[q0:q1] = o[0].permute(1, 0, 2)
         lse[:, q0:q1] = s[0]

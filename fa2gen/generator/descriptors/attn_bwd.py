@@ -4,7 +4,7 @@ and dQ passes (``spec.triton_part``)."""
 from __future__ import annotations
 
 from ..spec import PASS_WARPS, pass_rows
-from .base import BackwardTemplate, Kernel, alibi_args, floats, ints, strides, tensors
+from .base import BackwardTemplate, Kernel, alibi_args, dropout_args, floats, ints, strides, tensors
 
 # The memory-bound passes (delta, and the atomic paths' dQ store): their own small tiles and
 # warps (spec.pass_rows, PASS_WARPS)
@@ -31,6 +31,7 @@ class AttnBwd(BackwardTemplate):
             "softcap": spec.softcap,
             "varlen": spec.varlen,
             "alibi": spec.alibi,
+            "dropout": spec.dropout,
         }
 
     def kernels(self, spec, params):
@@ -78,7 +79,8 @@ class AttnBwd(BackwardTemplate):
             inputs + tensors("DK DV") + sums + cu_qk + self._strides("Q K V DO DK DV") + self.sizes("Hkv") + scales
         )
         dq_args = inputs + tensors("DQ") + cu_qk + self._strides("Q K V DO DQ") + self.sizes("Hq") + scales
-        dkdv_args, dq_args = dkdv_args + tq + alibi_args(spec), dq_args + tq + alibi_args(spec)
+        extra = tq + alibi_args(spec) + dropout_args(spec)
+        dkdv_args, dq_args = dkdv_args + extra, dq_args + extra
         # dQ in a kernel of its own, or added into fp32 sums by the dK/dV kernel and stored by a pass
         last = Kernel("attn_bwd_dq", dq_args, tiles, options, dq) if params.dq_mode == "separate" else dq_store
         return (delta, Kernel("attn_bwd_dkdv", dkdv_args, tiles, options, dkdv), last)

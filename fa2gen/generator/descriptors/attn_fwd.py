@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ForwardTemplate, Kernel, alibi_args, floats, ints, strides, tensors
+from .base import ForwardTemplate, Kernel, alibi_args, dropout_args, floats, ints, strides, tensors
 
 
 class AttnFwd(ForwardTemplate):
@@ -19,6 +19,7 @@ class AttnFwd(ForwardTemplate):
             "softcap": spec.softcap,
             "varlen": spec.varlen,
             "alibi": spec.alibi,
+            "dropout": spec.dropout,
         }
 
     def kernels(self, spec, params):
@@ -41,7 +42,7 @@ class AttnFwd(ForwardTemplate):
         args += self.descale_strides(spec) + ints("Hq group Nq Nk") + floats("sm_scale softcap")
         args += ints("win_left win_right") + (ints("num_tiles") if params.persistent else ())
         args += ints("Tq") if spec.varlen else ()  # (the packed query rows: LSE is (Hq, Tq))
-        args += alibi_args(spec)
+        args += alibi_args(spec) + dropout_args(spec)
         return (Kernel("attn_fwd", args, constexprs, options, boxes),)
 
     def smem(self, spec, params):

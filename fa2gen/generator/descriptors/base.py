@@ -10,8 +10,9 @@ from ..spec import KernelSpec, TuningParams
 # What a launch passes for each kind of argument (``Arg.kind``).
 ARG_KINDS = ("tensor", "stride", "int", "float")
 # A tensor argument's element type (``Arg.dtype``): the inputs', the output's (bf16 for fp8),
-# fp32 (LSE, delta, dQ's sums, fp8's factors) or int32 (the tile counter).
-TENSOR_TYPES = ("in", "out", "fp32", "i32")
+# fp32 (LSE, delta, dQ's sums, fp8's factors), int32 (the tile counter, offsets) or int64
+# (dropout's seed).
+TENSOR_TYPES = ("in", "out", "fp32", "i32", "i64")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ def alibi_args(spec: KernelSpec) -> tuple[Arg, ...]:
     """ALiBi's slopes (fp32, one per query head, its batch stride 0 when shared by the batch)
     where the spec has them: a kernel's last runtime arguments."""
     return tensors("ALIBI", "fp32") + ints("stride_ab") if spec.alibi else ()
+
+
+def dropout_args(spec: KernelSpec) -> tuple[Arg, ...]:
+    """Dropout's seed (one int64 on the device, drawn per call from torch's generator, so that
+    a launch's arguments do not change from call to call) and probability where the spec
+    drops: after ALiBi's."""
+    return tensors("SEED", "i64") + floats("dropout_p") if spec.dropout else ()
 
 
 def ints(names: str) -> tuple[Arg, ...]:
@@ -180,8 +188,8 @@ class ForwardTemplate(Template):
             return "dq_mode is a backward knob; the forward takes the default 'separate'"
         if spec.varlen and (params.gluon or params.loads != "pointer" or params.persistent):
             return "packed batches (varlen) run the Triton template's pointer loads on the plain grid"
-        if spec.alibi and params.gluon:
-            return "ALiBi runs in the Triton template (gluon=0)"
+        if (spec.alibi or spec.dropout) and params.gluon:
+            return "ALiBi and dropout run in the Triton template (gluon=0)"
         if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
             return (
                 "persistent=3 is the Gluon forward's one 64-row partition (gluon=1, block_m=64), whose launch "
@@ -220,8 +228,8 @@ class BackwardTemplate(Template):
             return "persistent is a forward knob; the backward takes the default 0"
         if spec.varlen and (params.gluon or params.loads != "pointer" or params.dq_mode != "separate"):
             return "packed batches (varlen) run the Triton template's pointer loads, dQ in its own kernel"
-        if spec.alibi and params.gluon:
-            return "ALiBi runs in the Triton template (gluon=0)"
+        if (spec.alibi or spec.dropout) and params.gluon:
+            return "ALiBi and dropout run in the Triton template (gluon=0)"
         if params.dq_mode == "matmul" and params.gluon != 1:
             return "dq_mode matmul takes dS from the Gluon dK/dV kernel: it needs gluon=1"
         if params.dq_mode == "tma_reduce" and params.loads != "tma_host":
