@@ -470,3 +470,14 @@ def test_fp8_transpose_of_many_heads():
     v = torch.randn(1024, 70, 40, 32, device="cuda").to(torch.float8_e4m3fn)
     vt = transposed_v(v)
     assert torch.equal(vt.view(torch.uint8), v.transpose(-1, -2).view(torch.uint8))
+
+
+def test_tune_a_packed_backward_bucket_on_gpu(tmp_path):
+    """A short real tuning run of a packed-batch bucket: compiles in workers, the gate on a
+    batch mixing lengths 0, 1 and odd ones (forward and gradients), timing, storage."""
+    from fa2gen.store.buckets import Bucket
+
+    bucket = Bucket("bwd", "bf16", 128, "causal", False, 1, 2048, 2048, 128, varlen=True)
+    r, [stored] = _tune_on_gpu(tmp_path, bucket, 6, 3)
+    assert r.best is not None and r.default_ms is not None and r.measurement.max_error < 1e-2
+    assert stored.params == r.best

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from fa2gen.generator.descriptors.attn_bwd_gluon import GLUON_BWD_CANDIDATES
 from fa2gen.generator.rendering import template_hash
-from fa2gen.generator.spec import KernelSpec, TuningParams
+from fa2gen.generator.spec import KernelSpec, SpecError, TuningParams
 from fa2gen.runtime.defaults import bucket_default
 from fa2gen.store.buckets import Bucket
 from fa2gen.store.db import TunedDB
@@ -289,7 +289,7 @@ def test_two_concurrent_tuners_share_one_db(tmp_path):
 
 
 def test_grid_files(tmp_path):
-    assert len(default_buckets()) == 104
+    assert len(default_buckets()) == 120  # (16 of them packed batches')
     bs = buckets_from_grid(
         {
             "problems": [
@@ -518,8 +518,8 @@ def test_backward_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     from fa2gen.runtime.problem import Problem
 
     bwd = [b for b in default_buckets(("bwd",))]
-    assert len(bwd) == 72 and {b.direction for b in bwd} == {"bwd"}
-    assert len(default_buckets(("fwd", "bwd"))) == 104 + 72
+    assert len(bwd) == 88 and {b.direction for b in bwd} == {"bwd"}
+    assert len(default_buckets(("fwd", "bwd"))) == 120 + 88
     bucket = Bucket("bwd", "bf16", 64, "causal", False, 1, 2048, 2048, 256)
     db, storage, ev, [r] = _tune(
         tmp_path, [bucket], trials=25, evaluator=CostModelEvaluator(optimum=TuningParams(128, 32, 4, 3, "pointer"))
@@ -644,7 +644,7 @@ def test_a_changed_space_starts_new_studies(tmp_path, monkeypatch):
 
     bucket = Bucket("bwd", "fp16", 64, "none", False, 1, 1024, 1024, 256)
     wide = dataclasses.replace(space_for("sm90", "bwd"), dq_mode=("separate", "atomic", "tma_reduce"))
-    monkeypatch.setattr(run_mod, "space_for", lambda arch, direction="fwd": wide)
+    monkeypatch.setattr(run_mod, "space_for", lambda arch, direction="fwd", varlen=False: wide)
     _, storage, _, _ = _tune(tmp_path, [bucket], trials=4)
     monkeypatch.undo()
     old = storage.get_all_studies()
@@ -1049,3 +1049,35 @@ def test_decode_grid_pages_and_representative_problem():
     ):
         with pytest.raises(GridError):
             buckets_from_grid({"problems": [bad]})
+
+
+def test_varlen_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
+    """Packed-batch buckets: their own grid entries and keys, a space of the varlen form's
+    choices only (pointer loads, plain grid, dQ in its own kernel), FLOPs of the sequences they
+    are timed on, and stored winners that attention_varlen's lookup finds for a packed call of
+    the bucket, never for a dense call of the same sizes."""
+    from fa2gen.runtime.device import DeviceInfo
+    from fa2gen.runtime.lookup import choose
+    from fa2gen.tuner.evaluate import flops, varlen_lengths
+
+    packed = [b for b in default_buckets(("fwd", "bwd")) if b.varlen]
+    assert len(packed) == 32 and {b.direction for b in packed} == {"fwd", "bwd"}
+    bucket = Bucket("bwd", "bf16", 128, "causal", False, 1, 2048, 2048, 128, varlen=True)
+    assert bucket.key.endswith("/bh128/varlen") and Bucket.parse(bucket.key) == bucket
+    assert varlen_lengths(bucket) == [512, 1024, 1536, 2048]
+    assert flops(bucket) == pytest.approx(2.5 * sum(2 * 32 * n * n * 128 for n in (512, 1024, 1536, 2048)))
+    optimum = TuningParams(64, 32, 4, 3)
+    db, storage, ev, [r] = _tune(tmp_path, [bucket], trials=20, evaluator=CostModelEvaluator(optimum=optimum))
+    assert r.best is not None and db.get(VALID, bucket).params == r.best
+    assert {(p.loads, p.dq_mode, p.gluon, p.persistent) for p in ev.compiled} == {("pointer", "separate", 0, 0)}
+    problem = representative_problem(bucket)
+    assert problem.varlen and problem.total_q == 5120 and Bucket.of(problem, "bwd") == bucket
+    device = DeviceInfo(name="TEST_GPU", capability=(9, 0), arch="sm90", sm_count=132)
+    monkeypatch.setenv("FA2GEN_DB", str(tmp_path / "tuned.sqlite"))
+    monkeypatch.setattr("fa2gen.runtime.lookup._validity", lambda dev: VALID)
+    assert choose(problem, device, "bwd").params == r.best
+    dense = choose(dataclasses.replace(problem, varlen=False, total_q=0), device, "bwd")
+    assert dense.params != r.best or dense.source != "tuned"  # a dense call is another kernel
+    for bad in ("fwd/bf16/d128/causal/sc0/g1/q8/k8/bh8/p16/varlen", "decode/bf16/d128/none/sc0/g1/q1/k8/bh8/varlen"):
+        with pytest.raises(SpecError):
+            Bucket.parse(bad)

@@ -152,6 +152,43 @@ class GradVerdict:
         parts = ", ".join(f"{n} err {e:.2e} (base {b:.2e})" for n, (e, b) in self.errors.items())
         return f"{status}: {parts}"
 
+    @property
+    def error(self) -> float:
+        """The largest error against the fp32 reference."""
+        return max((e for e, _ in self.errors.values()), default=0.0)
+
+
+def _judged(named, atol: float = ATOL) -> GradVerdict:
+    """A verdict over (name, result, fp32 reference, PyTorch in the inputs' dtype) quadruples."""
+    errors, reasons = {}, []
+    for name, got, ref, base in named:
+        err, base_err = _max_abs_diff(got, ref), _max_abs_diff(base, ref)
+        errors[name] = (err, base_err)
+        if torch.isnan(got).any():
+            reasons.append(f"NaN in {name}")
+        elif err > 2 * base_err + atol:
+            reasons.append(f"{name} error over 2x PyTorch's + atol")
+    return GradVerdict(not reasons, errors, "; ".join(reasons))
+
+
+def check_varlen(inputs, problem: Problem, out, lse, dout=None, grads=None) -> GradVerdict:
+    """Judge a packed call by flash-attention's rule, its output and lse, and with ``dout`` its
+    gradients ``grads`` (dq, dk, dv) too; ``inputs`` are its (q, k, v, cu_seqlens_q,
+    cu_seqlens_k)."""
+    from ..runtime.varlen import varlen_reference
+
+    q, k, v, cu_q, cu_k = inputs
+    exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    base = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref, ref_lse = varlen_reference(*exact, cu_q, cu_k, problem)
+    pytorch, pytorch_lse = varlen_reference(*base, cu_q, cu_k, problem, compute_dtype=q.dtype)
+    named = [("out", out, ref, pytorch), ("lse", lse, ref_lse, pytorch_lse)]
+    if dout is not None:
+        ref.backward(dout.float())
+        pytorch.backward(dout)
+        named += [(n, g, r.grad, b.grad) for n, g, r, b in zip(("dq", "dk", "dv"), grads, exact, base)]
+    return _judged(named)
+
 
 def _reference_grads(q, k, v, dout, problem: Problem, compute_dtype, alibi=None, dropout=None):
     leaves = [
@@ -195,13 +232,5 @@ def check_backward(
         ):
             for i, grad in enumerate(grads):
                 acc[i].append(grad)
-    errors, reasons = {}, []
-    for name, got, ref, base in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, bases):
-        ref, base = torch.cat(ref, 1), torch.cat(base, 1)
-        err, base_err = _max_abs_diff(got, ref), _max_abs_diff(base, ref)
-        errors[name] = (err, base_err)
-        if torch.isnan(got).any():
-            reasons.append(f"NaN in {name}")
-        elif err > 2 * base_err + atol:
-            reasons.append(f"{name} error over 2x PyTorch's + atol")
-    return GradVerdict(not reasons, errors, "; ".join(reasons))
+    named = zip(("dq", "dk", "dv"), (dq, dk, dv), (torch.cat(r, 1) for r in refs), (torch.cat(b, 1) for b in bases))
+    return _judged(named, atol)

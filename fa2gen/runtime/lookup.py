@@ -28,7 +28,7 @@ from .. import compat
 from ..generator.arch import fits
 from ..generator.spec import TuningParams
 from ..store.buckets import Bucket
-from .defaults import bucket_default, default_params
+from .defaults import bucket_default
 from .device import DeviceInfo
 from .problem import Problem
 
@@ -186,8 +186,6 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
     spec = problem.kernel_spec(direction)
     arch = device.arch if device else "cpu"
     bucket = Bucket.of(problem, spec.direction)
-    if spec.varlen:  # packed batches have no tuned buckets yet: the default for their spec
-        return Choice(default_params(spec, arch, problem.seqlen_q), "default")
     if spec.alibi or spec.dropout:  # nor have ALiBi and dropout (tuned entries may be Gluon's): the
         # bucket's default, Triton's
         return Choice(bucket_default(bucket, arch), "default")

@@ -68,28 +68,38 @@ class VarlenAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        problem = ctx.problem
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        if problem.batch == 0:
-            return dq, dk.zero_(), dv.zero_(), None, None, None, None, None, None, None
         dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-        b = problem.batch
-        views = [batch_view(t, b) for t in (q, k, v, out)]
-        grads = [batch_view(t, b) for t in (dq, dk, dv)]
-        # (Triton launches on the current device: the inputs' one, as in the forward)
-        with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-            ctx.backward.run(
-                *views,
-                lse,
-                batch_view(dout, b),
-                dq=grads[0],
-                dk=grads[1],
-                dv=grads[2],
-                cu_seqlens=(cu_q, cu_k),
-                alibi=ctx.alibi,
-                dropout=ctx.dropout,
-            )
-        return dq, dk, dv, None, None, None, None, None, None, None
+        grads = varlen_backward(
+            q, k, v, out, lse, dout, cu_q, cu_k, ctx.problem, ctx.backward, alibi=ctx.alibi, dropout=ctx.dropout
+        )
+        return (*grads, None, None, None, None, None, None, None)
+
+
+def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, problem: Problem, launch, **extra):
+    """(dq, dk, dv) of a packed batch, in its packed layout, by ``launch`` (a
+    ``BackwardLaunch``); ``extra``: its ``run``'s keywords (grads given, ALiBi, dropout)."""
+    dq, dk, dv = (extra.pop(name, None) for name in ("dq", "dk", "dv"))
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    if problem.batch == 0:
+        return dq, dk.zero_(), dv.zero_()
+    b = problem.batch
+    views = [batch_view(t, b) for t in (q, k, v, out)]
+    grads = [batch_view(t, b) for t in (dq, dk, dv)]
+    # (Triton launches on the current device: the inputs' one, as in the forward)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        launch.run(
+            *views,
+            lse,
+            batch_view(dout, b),
+            dq=grads[0],
+            dk=grads[1],
+            dv=grads[2],
+            cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
+            **extra,
+        )
+    return dq, dk, dv
 
 
 def varlen_reference(

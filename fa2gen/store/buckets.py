@@ -11,7 +11,10 @@ A bucket keeps exactly what changes the best tiling and rounds the rest:
   query blocks it sets how many programs fill the GPU (occupancy);
 - decode only, the KV cache's page size, rounded up to a power of two from 16 to 4096, or 0
   for a contiguous cache: it sets how far apart the rows of a key block lie. The query length
-  is the new tokens, the key length the keys a cache holds.
+  is the new tokens, the key length the keys a cache holds;
+- packed batches (``attention_varlen``), forward and backward: a bucket of their own (key
+  suffix ``/varlen``), its lengths the longest sequence's and its batch the sequences'
+  count.
 
 Rounding up means a bucket named q4096 holds lengths 2049..4096. The canonical grid of
 the FlashAttention-2 paper lands on bucket boundaries exactly.
@@ -41,7 +44,8 @@ def _pow2_upto(cap: int) -> tuple[int, ...]:
 
 _PATTERN = re.compile(
     r"^(?P<direction>[a-z]+)/(?P<dtype>[a-z0-9]+)/d(?P<head_dim>\d+)/(?P<mask>[a-z]+)/sc(?P<softcap>[01])"
-    r"/g(?P<group>\d+)/q(?P<seqlen_q>\d+)/k(?P<seqlen_k>\d+)/bh(?P<batch_heads>\d+)(/p(?P<page>\d+))?$"
+    r"/g(?P<group>\d+)/q(?P<seqlen_q>\d+)/k(?P<seqlen_k>\d+)/bh(?P<batch_heads>\d+)(/p(?P<page>\d+))?"
+    r"(?P<varlen>/varlen)?$"
 )
 
 
@@ -57,6 +61,7 @@ class Bucket:
     seqlen_k: int
     batch_heads: int
     page: int = 0  # decode only: the cache's page size (0: contiguous)
+    varlen: bool = False  # a packed batch's (fwd and bwd)
 
     def __post_init__(self) -> None:
         checks = (
@@ -70,6 +75,7 @@ class Bucket:
             ("seqlen_k", self.seqlen_k, _pow2_upto(MAX_SEQ)),
             ("batch_heads", self.batch_heads, _pow2_upto(MAX_BH)),
             ("page", self.page, PAGES),
+            ("varlen", self.varlen, (False, True)),
         )
         for name, value, allowed in checks:
             if type(value) is not type(allowed[0]) or value not in allowed:
@@ -92,6 +98,7 @@ class Bucket:
             mask=self.mask,
             softcap=self.softcap,
             paged=self.page > 0,
+            varlen=self.varlen,
         )
 
     @property
@@ -100,6 +107,7 @@ class Bucket:
             f"{self.direction}/{self.dtype}/d{self.head_dim}/{self.mask}/sc{int(self.softcap)}"
             f"/g{self.group}/q{self.seqlen_q}/k{self.seqlen_k}/bh{self.batch_heads}"
             + (f"/p{self.page}" if self.page else "")
+            + ("/varlen" if self.varlen else "")
         )
 
     @classmethod
@@ -122,6 +130,7 @@ class Bucket:
             seqlen_k=int(g["seqlen_k"]),
             batch_heads=int(g["batch_heads"]),
             page=int(g["page"] or 0),
+            varlen=g["varlen"] is not None,
         )
 
     def same_kernel(self, other: "Bucket") -> bool:
@@ -158,4 +167,5 @@ def bucket_fields(problem, direction: str = "fwd") -> tuple:
         ceil_pow2(problem.seqlen_k, MAX_SEQ),
         ceil_pow2(problem.batch * problem.heads_q, MAX_BH),
         max(16, ceil_pow2(problem.page_size, MAX_PAGE)) if direction == "decode" and problem.page_size else 0,
+        problem.varlen,
     )

@@ -8,6 +8,7 @@ tuner's orchestration (Optuna, pruning, resume, storage) runs in CPU tests.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import multiprocessing
 import os
@@ -42,11 +43,12 @@ def _is_cuda_fault(e: BaseException) -> bool:
 
 def representative_problem(bucket: Bucket) -> Problem:
     """The problem a bucket is timed on: its upper edge, at most 32 query heads (decode: full
-    caches of the bucket's key length, no new keys)."""
+    caches of the bucket's key length, no new keys; a packed batch: ``varlen_lengths``)."""
     hq = max(bucket.group, min(bucket.batch_heads, 32))
     kw = _semantics(bucket)
+    batch = max(1, bucket.batch_heads // hq)
     return Problem(
-        batch=max(1, bucket.batch_heads // hq),
+        batch=batch,
         heads_q=hq,
         heads_kv=hq // bucket.group,
         seqlen_q=bucket.seqlen_q,
@@ -59,12 +61,30 @@ def representative_problem(bucket: Bucket) -> Problem:
         sm_scale=bucket.head_dim**-0.5,
         softcap=kw["softcap"],
         page_size=bucket.page,
+        varlen=bucket.varlen,
+        total_q=sum(varlen_lengths(bucket)) if bucket.varlen else 0,
     )
 
 
+def varlen_lengths(bucket: Bucket) -> list[int]:
+    """A packed bucket's sequence lengths, as timed: its batch of sequences spread evenly up to
+    the bucket's length (longest last), so that the kernel meets short and long sequences
+    together, as packed training batches hold them."""
+    hq = max(bucket.group, min(bucket.batch_heads, 32))
+    batch = max(1, bucket.batch_heads // hq)
+    return [max(1, (i + 1) * bucket.seqlen_q // batch) for i in range(batch)]
+
+
 def flops(bucket: Bucket) -> float:
-    """FLOPs of the bucket's timed call: the forward's, or 2.5 times that for the backward."""
-    return representative_problem(bucket).flops() * (2.5 if bucket.direction == "bwd" else 1.0)
+    """FLOPs of the bucket's timed call: the forward's, or 2.5 times that for the backward (a
+    packed batch: its sequences' own)."""
+    s = representative_problem(bucket)
+    if bucket.varlen:
+        half = 0.5 if bucket.mask == "causal" else 1.0
+        fwd = sum(4.0 * s.heads_q * n * n * s.head_dim * half for n in varlen_lengths(bucket))
+    else:
+        fwd = s.flops()
+    return fwd * (2.5 if bucket.direction == "bwd" else 1.0)
 
 
 class Evaluator(Protocol):
@@ -155,6 +175,9 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
             inputs, problem = cache_inputs(bucket, empty=True)
             sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
             CacheLaunch(problem, params, sms).run(*inputs, *_cache_outputs(inputs, problem), compile_only=True)
+            return None
+        if bucket.varlen:
+            _varlen_compile(bucket, params)
             return None
         s = representative_problem(bucket)
         dt = TORCH_DTYPES[bucket.dtype]
@@ -292,7 +315,7 @@ class GpuEvaluator:
         return self._inputs[bucket]
 
     def measure(self, bucket, params):
-        run = self._decode if bucket.direction == "decode" else self._attention
+        run = self._decode if bucket.direction == "decode" else self._varlen if bucket.varlen else self._attention
         try:
             t, error = run(bucket, params)
         except Rejected:
@@ -398,6 +421,122 @@ class GpuEvaluator:
         if torch.isnan(out).any():
             raise Rejected("NaN in the timed output")
         return t, verdict.out_err
+
+    def _varlen(self, bucket: Bucket, params: TuningParams):
+        """A packed batch's forward or backward: gate on a small batch mixing lengths 0, 1 and
+        odd ones, then time the representative batch as attention_varlen runs it (kept
+        launches); (timing, the gate's largest error)."""
+        import torch
+
+        from ..bench.correctness import check_varlen
+        from ..bench.timing import measure as time_it
+        from ..runtime.backward import BackwardLaunch
+        from ..runtime.defaults import bucket_default
+        from ..runtime.device import cuda_device_info
+        from ..runtime.launch import Launch
+        from ..runtime.varlen import varlen_backward, varlen_forward
+
+        arch = cuda_device_info(torch.cuda.current_device()).arch
+        bwd = bucket.direction == "bwd"
+        # the backward runs on the default forward's outputs
+        fwd_params = bucket_default(dataclasses.replace(bucket, direction="fwd"), arch) if bwd else params
+        gate, problem = varlen_inputs(bucket, gate=True, seed=self.seed)
+        out, lse = _varlen_outputs(gate, problem, poison=True)
+        varlen_forward(*gate, problem, fwd_params, out=out, lse=lse)
+        grads = dout = None
+        if bwd:
+            dout = torch.randn_like(out)
+            grads = [torch.full_like(t, float("nan")) for t in gate[:3]]
+            names = dict(zip(("dq", "dk", "dv"), grads))
+            varlen_backward(*gate[:3], out, lse, dout, *gate[3:], problem, BackwardLaunch(problem, params), **names)
+        torch.cuda.synchronize()
+        verdict = check_varlen(gate, problem, out, lse, dout, grads)
+        if not verdict.ok:
+            raise Rejected(f"wrong result: {verdict}")
+        if bucket not in self._inputs:
+            self._inputs = {bucket: varlen_inputs(bucket, seed=self.seed)}  # one bucket's inputs at a time
+        inputs, problem = self._inputs[bucket]
+        out, lse = _varlen_outputs(inputs, problem, poison=True)
+        forward_launch = Launch(problem, fwd_params)
+        if bwd:
+            varlen_forward(*inputs, problem, fwd_params, out=out, lse=lse, launch=forward_launch)
+            dout = torch.randn_like(out)
+            timed = [torch.full_like(t, float("nan")) for t in inputs[:3]]
+            names = dict(zip(("dq", "dk", "dv"), timed))
+            kept = BackwardLaunch(problem, params)
+            t = time_it(lambda: varlen_backward(*inputs[:3], out, lse, dout, *inputs[3:], problem, kept, **names))
+        else:
+            timed = [out]
+            t = time_it(lambda: varlen_forward(*inputs, problem, params, out=out, lse=lse, launch=forward_launch))
+        if any(torch.isnan(x).any() for x in timed):
+            raise Rejected("NaN in the timed output")
+        return t, verdict.error
+
+
+def varlen_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, seed: int = 0):
+    """((q, k, v, cu_seqlens_q, cu_seqlens_k), Problem) of a packed bucket on the current GPU:
+    the representative batch (``varlen_lengths``; ``empty``: uninitialised, for compiling), or
+    with ``gate`` a small one of 2 k/v heads mixing lengths 0, 1 and odd ones, its query and key
+    lengths apart."""
+    import torch
+
+    from ..runtime.problem import TORCH_DTYPES, make_varlen_problem, random_normal
+
+    s = representative_problem(bucket)
+    heads_kv = 2 if gate else s.heads_kv
+    if gate:
+        longest = min(s.seqlen_q, 333) | 1
+        lengths_q, lengths_k = [0, 1, longest, 77], [5, 1, longest + 38, 0]
+    else:
+        lengths_q = lengths_k = varlen_lengths(bucket)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kw = dict(dtype=TORCH_DTYPES[bucket.dtype], device="cuda")
+
+    def draw(rows, heads):
+        shape = (rows, heads, s.head_dim)
+        return torch.empty(*shape, **kw) if empty else random_normal(*shape, **kw, generator=g)
+
+    def offsets(lengths):
+        return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+
+    q = draw(sum(lengths_q), heads_kv * bucket.group)
+    k, v = draw(sum(lengths_k), heads_kv), draw(sum(lengths_k), heads_kv)
+    inputs = (q, k, v, offsets(lengths_q), offsets(lengths_k))
+    return inputs, make_varlen_problem(*inputs, max(lengths_q), max(lengths_k), **_semantics(bucket))
+
+
+def _varlen_outputs(inputs, problem: Problem, *, poison: bool = False):
+    """(out, lse) of a packed call, filled with NaN when ``poison``."""
+    import torch
+
+    q = inputs[0]
+    out = torch.empty_like(q)
+    lse = torch.empty(problem.heads_q, problem.total_q, dtype=torch.float32, device=q.device)
+    if poison:
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    return out, lse
+
+
+def _varlen_compile(bucket: Bucket, params: TuningParams) -> None:
+    """Compile a packed bucket's kernels for ``params`` without launching them."""
+    import torch
+
+    from ..runtime.backward import BackwardLaunch
+    from ..runtime.launch import Launch
+    from ..runtime.varlen import batch_view
+
+    inputs, problem = varlen_inputs(bucket, empty=True)
+    out, lse = _varlen_outputs(inputs, problem)
+    b = problem.batch
+    views = [batch_view(t, b) for t in (*inputs[:3], out)]
+    if bucket.direction == "bwd":
+        grads = [batch_view(torch.empty_like(t), b) for t in inputs[:3]]
+        BackwardLaunch(problem, params).run(
+            *views, lse, views[3], dq=grads[0], dk=grads[1], dv=grads[2], cu_seqlens=inputs[3:], compile_only=True
+        )
+    else:
+        Launch(problem, params).run(*views, lse, cu_seqlens=inputs[3:], compile_only=True)
 
 
 def cache_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, seed: int = 0):

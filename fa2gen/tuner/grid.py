@@ -17,6 +17,9 @@ Grid file (every key optional except ``problems``; unknown keys are errors)::
         hidden: 2048                   # = heads * head_dim
         batch_heads: [64]              # ... or give batch * heads directly
         pages: [0, 16]                 # decode only: the KV cache's page size (0: contiguous)
+        varlen: [true]                 # fwd and bwd: packed batches (attention_varlen), their
+                                       #   seqlens the longest sequence's, tokens // seqlen
+                                       #   sequences, timed with lengths spread up to it
 
 Lengths and batch*heads are rounded up to bucket boundaries (powers of two).
 """
@@ -45,6 +48,7 @@ _KEYS = {
     "hidden",
     "batch_heads",
     "pages",
+    "varlen",
 }
 
 CANONICAL_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
@@ -84,6 +88,18 @@ DEFAULT_GRID = {
             }
             for mask, tokens in (("none", [1]), ("causal", [4, 16]))  # (one token's causal mask is none)
         ),
+        # Packed batches (attention_varlen), forward and backward, of 16k tokens in sequences up
+        # to 2k and 8k long.
+        {
+            "directions": ["fwd", "bwd"],
+            "dtypes": ["fp16", "bf16"],
+            "head_dims": [64, 128],
+            "masks": ["none", "causal"],
+            "seqlens": [2048, 8192],
+            "tokens": 16384,
+            "hidden": 2048,
+            "varlen": [True],
+        },
         # The backward pass on the paper's grid (training: no decoding shapes).
         {
             "directions": ["bwd"],
@@ -153,8 +169,9 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
             if "batch_heads" in block and ("tokens" in block or "hidden" in block):
                 raise GridError("give batch_heads, or tokens with hidden, not both")
             pages = [0] if "pages" not in block else [_page(p) for p in _list(block, "pages", None, int)]
-            for di, dt, d, m, sc, g, (nq, nk), page in itertools.product(
-                directions, dtypes, head_dims, masks, softcaps, groups, pairs, pages
+            packed = _list(block, "varlen", [False], bool)
+            for di, dt, d, m, sc, g, (nq, nk), page, varlen in itertools.product(
+                directions, dtypes, head_dims, masks, softcaps, groups, pairs, pages, packed
             ):
                 if min(nq, nk, g) < 1:
                     raise GridError(f"non-positive size in {block!r}")
@@ -175,6 +192,7 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
                         ceil_pow2(nk, MAX_SEQ),
                         ceil_pow2(max(bh, 1), MAX_BH),
                         page,
+                        varlen,
                     )
                     out[b.key] = b
         except SpecError as e:

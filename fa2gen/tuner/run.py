@@ -186,7 +186,7 @@ def tune(
         validity = validity_for(bucket)
         # a study searches its direction's templates as they are: their hash names it
         prefix = f"{validity.device}|{validity.capability}|{validity.triton}|{template_hash(bucket.direction)}"
-        bucket_space = space_for(space.arch, bucket.direction)
+        bucket_space = space_for(space.arch, bucket.direction, bucket.varlen)
         if not options.resume:
             try:
                 optuna.delete_study(study_name=study_name(prefix, bucket, bucket_space), storage=storage)
