@@ -2,7 +2,16 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "__version__"]
+__all__ = [
+    "attention",
+    "attention_varlen",
+    "attention_with_kvcache",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "__version__",
+]
+_FLASH_ATTN = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache")
 
 
 def __getattr__(name: str):
@@ -12,6 +21,11 @@ def __getattr__(name: str):
         from .runtime import api
 
         globals()[name] = getattr(api, name)
+        return globals()[name]
+    if name in _FLASH_ATTN:  # flash-attention's signatures (integrations.flash_attn)
+        from .integrations import flash_attn
+
+        globals()[name] = getattr(flash_attn, name)
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

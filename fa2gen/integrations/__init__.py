@@ -1,0 +1,1 @@
+"""fa2gen behind other libraries' interfaces: flash-attention's functions (``flash_attn``)."""
