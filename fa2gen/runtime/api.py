@@ -10,7 +10,7 @@ import warnings
 import torch
 
 from ..generator.cache import interpreting
-from .autograd import differentiable
+from .autograd import differentiable, run_backward
 from .backward import BackwardLaunch
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
@@ -26,7 +26,7 @@ from .kvcache import (
 from .launch import Launch, _sm_count, forward
 from .problem import cache_problem, check_alibi, make_kvcache_problem, make_problem, make_varlen_problem
 from .reference import attention_reference
-from .varlen import VarlenAttention, varlen_forward, varlen_reference
+from .varlen import VarlenAttention, varlen_backward, varlen_forward, varlen_reference
 
 _warned_cpu = False
 
@@ -107,9 +107,31 @@ def attention(
     more (fp16, bf16), runs the decode kernels of ``attention_with_kvcache``, whose programs
     split the keys, rather than the dense forward.
 
+    Under ``torch.compile`` the call is one custom operator (``fa2gen::attention``, with its
+    backward ``fa2gen::attention_backward``: ``runtime.ops``), which the compiler does not trace
+    into.
+
     Rows that see no key return zeros (lse = -inf). Returns out, or (out, lse).
     """
     _check_flags(return_lse=return_lse, deterministic=deterministic)
+    descales = (descale_q, descale_k, descale_v)
+    if torch.compiler.is_compiling():
+        from .ops import compiled_attention
+
+        options = (causal, sm_scale, window_size, softcap, deterministic, descales, alibi_slopes, dropout_p)
+        return compiled_attention(q, k, v, *options, return_lse=return_lse)
+    out, lse = eager_attention(
+        q, k, v, causal, sm_scale, window_size, softcap, deterministic, descales, alibi_slopes, dropout_p
+    )
+    return (out, lse) if return_lse else out
+
+
+def eager_attention(
+    q, k, v, causal, sm_scale, window_size, softcap, deterministic, descales, alibi_slopes, dropout_p, seed=None
+):
+    """``attention()``'s work, (out, lse), through autograd where a gradient is wanted;
+    ``seed``: dropout's (None: drawn here)."""
+    descale_q, descale_k, descale_v = descales
     extra = (descale_q, descale_k, descale_v, alibi_slopes)
     key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, extra, dropout_p)
     launch = None if key is None else cached_launch(key)
@@ -120,9 +142,9 @@ def attention(
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = (launch or as_cache).problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
-    dropout = (draw_seed(q.device), dropout_p) if problem.dropout else None
+    dropout = ((draw_seed(q.device) if seed is None else seed), dropout_p) if problem.dropout else None
     if q.dtype == FP8_TORCH:
-        return _attention_fp8(q, k, v, problem, launch, key, return_lse, (descale_q, descale_k, descale_v))
+        return _attention_fp8(q, k, v, problem, launch, key, (descale_q, descale_k, descale_v))
     no_descales(descale_q, descale_k, descale_v, q.dtype)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type == "cuda" and not grad and serves_as_cache(problem):
@@ -154,7 +176,36 @@ def attention(
     else:
         _warn_cpu()
         out, lse = attention_reference(q, k, v, problem, alibi=alibi_slopes, dropout=_torch_dropout(problem, dropout_p))
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+def eager_attention_backward(
+    dout, q, k, v, out, lse, causal, sm_scale, window_size, softcap, deterministic, alibi_slopes, dropout_p, seed
+):
+    """(dq, dk, dv) of an ``eager_attention`` call with these options, from its out and lse and
+    the output's gradient ``dout`` (``runtime.ops``' backward); ``seed``: the forward's."""
+    key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, (None, None, None, alibi_slopes), dropout_p)
+    launch = None if key is None else cached_launch(key)
+    if launch is None:
+        problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
+        problem = _with_options(problem, q, alibi_slopes, dropout_p)
+    else:
+        problem = launch.problem
+    alibi = check_alibi(alibi_slopes, problem, q.device)
+    dropout = (seed, dropout_p) if problem.dropout else None
+    if q.device.type == "cuda":
+        launch, _ = _cuda_launch(q, problem, launch, key)  # (the forward's launch keeps the backward's)
+        return run_backward(
+            q, k, v, out, lse, dout, problem, deterministic, launch.backward, alibi=alibi, dropout=dropout
+        )
+    if interpreting():
+        return run_backward(q, k, v, out, lse, dout, problem, deterministic, None, alibi=alibi, dropout=dropout)
+    if problem.dropout:  # (the CPU reference's mask comes from torch's generator: not drawn again)
+        raise NotImplementedError("dropout_p: the CPU reference has no backward for dropout; set TRITON_INTERPRET=1")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        ref, _ = attention_reference(*leaves, problem, alibi=alibi_slopes)
+        return torch.autograd.grad(ref, leaves, dout)
 
 
 def attention_varlen(
@@ -196,9 +247,37 @@ def attention_varlen(
     in ``attention()``; deterministic is accepted for flash-attention's signature (the forward
     and backward have no atomics). Differentiable in q, k and v (generated backward kernels,
     dQ in its own kernel).
+    Under ``torch.compile``: the custom operator ``fa2gen::attention_varlen`` (``runtime.ops``).
     Returns out (total_q, Hq, D), or (out, lse) with lse (Hq, total_q) fp32.
     """
     _check_flags(return_lse=return_lse, deterministic=deterministic)
+    options = (causal, sm_scale, window_size, softcap, deterministic, validate, alibi_slopes, dropout_p)
+    if torch.compiler.is_compiling():
+        from .ops import compiled_attention_varlen
+
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        return compiled_attention_varlen(*args, *options, return_lse=return_lse)
+    out, lse = eager_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *options)
+    return (out, lse) if return_lse else out
+
+
+def _kept_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    sm_scale,
+    window_size,
+    softcap,
+    validate,
+    alibi_slopes,
+    dropout_p,
+):
+    """(the call shape's kept ``_Varlen`` or None, its key, its problem) of a packed call."""
     key = None
     if validate is False and max_seqlen_q.__class__ is int and max_seqlen_k.__class__ is int:
         options = _options_key(causal, sm_scale, window_size, softcap, dropout_p)
@@ -224,18 +303,43 @@ def attention_varlen(
         problem = _with_options(problem, q, alibi_slopes, dropout_p)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = kept.problem
+    if kept is None and (q.device.type == "cuda" or interpreting()):
+        # the call shape's launches, kept for its next calls (CUDA)
+        index = _index(q) if q.device.type == "cuda" else None
+        info = None if index is None else cuda_device_info(index)
+        kept = _Varlen(problem, Launch(problem, select_params(problem, info)), [None], info)
+        if key is not None:
+            remember_launch(key, kept)
+    return kept, problem
+
+
+def eager_attention_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    sm_scale,
+    window_size,
+    softcap,
+    deterministic,
+    validate,
+    alibi_slopes,
+    dropout_p,
+    seed=None,
+):
+    """``attention_varlen()``'s work, (out, lse), through autograd where a gradient is wanted;
+    ``seed``: dropout's (None: drawn here)."""
+    call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    kept, problem = _kept_varlen(*call, causal, sm_scale, window_size, softcap, validate, alibi_slopes, dropout_p)
     alibi = check_alibi(alibi_slopes, problem, q.device)
-    dropout = (draw_seed(q.device), dropout_p) if problem.dropout else None
+    dropout = ((draw_seed(q.device) if seed is None else seed), dropout_p) if problem.dropout else None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if q.device.type == "cuda" or interpreting():
-        index = None
-        if q.device.type == "cuda":
-            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        if kept is None:  # the call shape's launches, kept for its next calls (CUDA)
-            info = None if index is None else cuda_device_info(index)
-            kept = _Varlen(problem, Launch(problem, select_params(problem, info)), [None], info)
-            if key is not None:
-                remember_launch(key, kept)
+    if kept is not None:
+        index = _index(q) if q.device.type == "cuda" else None
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
         with contextlib.nullcontext() if index is None else torch.cuda.device(index):  # (Triton launches there)
             if grad:
@@ -246,7 +350,51 @@ def attention_varlen(
         _warn_cpu()
         drop = _torch_dropout(problem, dropout_p)
         out, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, problem, alibi=alibi_slopes, dropout=drop)
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+def eager_attention_varlen_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    sm_scale,
+    window_size,
+    softcap,
+    alibi_slopes,
+    dropout_p,
+    seed,
+):
+    """(dq, dk, dv) of an ``eager_attention_varlen`` call, from its out and lse and the output's
+    gradient ``dout`` (``runtime.ops``' backward); ``seed``: the forward's."""
+    call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    kept, problem = _kept_varlen(*call, causal, sm_scale, window_size, softcap, False, alibi_slopes, dropout_p)
+    if kept is None:
+        raise NotImplementedError("attention_varlen's backward runs the generated kernels: CUDA, or TRITON_INTERPRET=1")
+    alibi = check_alibi(alibi_slopes, problem, q.device)
+    dropout = (seed, dropout_p) if problem.dropout else None
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    return varlen_backward(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        problem,
+        kept.backward_launch(),
+        alibi=alibi,
+        dropout=dropout,
+    )
 
 
 def attention_with_kvcache(
@@ -284,9 +432,37 @@ def attention_with_kvcache(
     the cache. ``validate=True`` checks them first (one host sync) and raises ValueError.
     Long caches are split across programs so that a small batch fills the GPU, the splits
     then combined through their log-sum-exps.
+    Under ``torch.compile``: the custom operator ``fa2gen::attention_with_kvcache``, which
+    mutates the caches (``runtime.ops``).
     Returns out (B, Sq, Hq, D), or (out, lse) with lse (B, Hq, Sq) fp32.
     """
     _check_flags(return_lse=return_lse)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
+    options = (causal, sm_scale, window_size, softcap, validate, alibi_slopes)
+    if torch.compiler.is_compiling():
+        from .ops import compiled_attention_with_kvcache
+
+        return compiled_attention_with_kvcache(*tensors, *options, return_lse=return_lse)
+    out, lse = eager_attention_with_kvcache(*tensors, *options)
+    return (out, lse) if return_lse else out
+
+
+def eager_attention_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    block_table,
+    k,
+    v,
+    causal,
+    sm_scale,
+    window_size,
+    softcap,
+    validate,
+    alibi_slopes,
+):
+    """``attention_with_kvcache()``'s work: (out, lse)."""
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     key = None if validate is not False else _options_key(causal, sm_scale, window_size, softcap)
     if key is not None:
@@ -322,7 +498,7 @@ def attention_with_kvcache(
         if problem.new_keys:  # the reference appends into copies: write them back
             k_cache.copy_(k_new)
             v_cache.copy_(v_new)
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 def _with_options(problem, q, alibi_slopes, dropout_p):
@@ -348,13 +524,18 @@ def _torch_dropout(problem, dropout_p: float):
     return torch.rand(shape) >= dropout_p, dropout_p
 
 
+def _index(t: torch.Tensor) -> int:
+    """A CUDA tensor's device index (the current device's for a bare "cuda")."""
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 def _check_flags(**flags) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
-def _attention_fp8(q, k, v, problem, launch, key, return_lse: bool, descales):
+def _attention_fp8(q, k, v, problem, launch, key, descales):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("fp8 attention is forward only: q, k and v must not require grad")
     descales = check_descales(problem, q.device, *descales)
@@ -369,7 +550,7 @@ def _attention_fp8(q, k, v, problem, launch, key, return_lse: bool, descales):
         real = [dequantized(t, d) for t, d in zip((q, k, v), descales)]
         out, lse = attention_reference(*real, problem)
         out = out.to(torch.bfloat16)
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
 def _cuda_launch(q, problem, launch, key):

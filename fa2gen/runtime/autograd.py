@@ -30,19 +30,26 @@ class AttentionFunction(torch.autograd.Function):
     @once_differentiable  # the backward kernels have no backward: double backward raises, never lies
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
-        launches = ctx.launches
-        launch = None if launches is None else launches.get(deterministic)
-        if launch is None:
-            launch = _backward_launch(q, ctx.problem, deterministic)
-            if launches is not None:
-                launches[deterministic] = launch
-        if q.device.type == "cuda" and q.get_device() != torch.cuda.current_device():
-            with torch.cuda.device(q.get_device()):  # Triton launches on the current device
-                grads = launch.run(q, k, v, out, lse, dout, alibi=ctx.alibi, dropout=ctx.dropout)
-        else:
-            grads = launch.run(q, k, v, out, lse, dout, alibi=ctx.alibi, dropout=ctx.dropout)
+        grads = run_backward(
+            q, k, v, out, lse, dout, ctx.problem, ctx.deterministic, ctx.launches, alibi=ctx.alibi, dropout=ctx.dropout
+        )
         return (*grads, None, None, None, None, None, None)
+
+
+def run_backward(q, k, v, out, lse, dout, problem, deterministic: bool, launches: dict | None, *, alibi, dropout):
+    """(dq, dk, dv) of a forward's call: the backward launch kept in ``launches`` (a forward
+    ``Launch``'s ``backward``, or None to build one), for ``deterministic`` or
+    ``torch.use_deterministic_algorithms``."""
+    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+    launch = None if launches is None else launches.get(deterministic)
+    if launch is None:
+        launch = _backward_launch(q, problem, deterministic)
+        if launches is not None:
+            launches[deterministic] = launch
+    if q.device.type == "cuda" and q.get_device() != torch.cuda.current_device():
+        with torch.cuda.device(q.get_device()):  # Triton launches on the current device
+            return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
+    return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
 
 
 def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
