@@ -80,7 +80,7 @@ SOURCES = [
 ]
 MEMORY = f"{RESULTS}/memory-h200.json"
 # benchmarks/decode.py and benchmarks/varlen.py runs, newest first
-DECODE = [f"{RESULTS}/decode-h100-n128.json", f"{RESULTS}/decode-h100-n64.json"]
+DECODE = [f"{RESULTS}/decode-h200.json", f"{RESULTS}/decode-h100-n128.json", f"{RESULTS}/decode-h100-n64.json"]
 VARLEN = [f"{RESULTS}/varlen-h100.json"]
 TRAIN = f"{RESULTS}/train-gpt-h200.json"
 
