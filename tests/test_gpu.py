@@ -211,7 +211,7 @@ def test_attention_keeps_each_call_shapes_backward_launch():
         out = fa2gen.attention(q, k, v, causal=True)
         dout = torch.randn_like(out)
         out.backward(dout)
-        launch = cached_launch(_call_key(q, k, v, True, None, (-1, -1), 0.0))
+        launch = cached_launch(_call_key(q, k, v, True, None, (-1, -1), 0.0, (None,) * 4, 0.0))
         assert list(launch.backward) == [False]
         kept.append(launch.backward[False])
         problem = make_problem(q, k, v, causal=True)
