@@ -2,8 +2,10 @@
 its seed, and the mask the kernels draw.
 
 The kernels draw each (query row, key) pair's number from Philox-4x32-10 under one 64-bit
-seed per call (``philox_dropout.py.jinja``), counter (key, query row, stream, 0), a stream
-being a (batch, query head) or a packed batch's query head. The backward draws the same
+seed per call (``philox_dropout.py.jinja``), counter (group of 8 keys, query row, stream, 0),
+a stream being a (batch, query head) or a packed batch's query head: each draw's four words
+give the group's eight keys a 16-bit number each, kept where it reaches dropout_p's threshold
+(``keep_rate``). The backward draws the same
 numbers again, so nothing N x N is stored. The seed is drawn on the inputs' device from
 torch's generator: ``torch.manual_seed`` makes a call repeatable, and it stays a tensor, so
 the kernels' arguments do not change from call to call.
@@ -12,6 +14,7 @@ the kernels' arguments do not change from call to call.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 
 import torch
@@ -34,6 +37,12 @@ def check_dropout(dropout_p) -> float:
     if not 0.0 <= p < 1.0:  # (NaN fails too)
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     return p
+
+
+def keep_rate(dropout_p: float) -> float:
+    """The chance the kernels keep a probability: 1 - dropout_p at their resolution of 1/65536
+    (a 16-bit threshold, round half up); kept values are scaled by its inverse."""
+    return 1.0 - math.floor(dropout_p * 65536.0 + 0.5) / 65536.0
 
 
 def draw_seed(device) -> torch.Tensor:

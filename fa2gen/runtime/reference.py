@@ -47,7 +47,7 @@ def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float3
     (fp64 when ``compute_dtype`` is fp64). ``alibi``: ALiBi's slopes, (Hq,) or (B, Hq), added
     after the softcap, as flash-attention does. ``dropout``: (keep, dropout_p), keep a bool mask
     broadcastable over (B, Hq, Nq, Nk): P @ V takes the kept probabilities scaled by
-    1 / (1 - dropout_p); the LSE is the undropped softmax's.
+    1 / ``dropout.keep_rate(dropout_p)``; the LSE is the undropped softmax's.
 
     With compute_dtype equal to the input dtype this mimics what PyTorch itself would
     get in that precision (the baseline of flash-attention's error criterion).
@@ -69,8 +69,10 @@ def attention_reference(q, k, v, problem: Problem, *, compute_dtype=torch.float3
     empty = torch.isinf(lse) & (lse < 0)
     p = torch.exp(s - torch.where(empty, 0.0, lse)[..., None])
     if dropout is not None:
+        from .dropout import keep_rate
+
         keep, dropout_p = dropout
-        p = torch.where(keep, p / (1.0 - dropout_p), 0.0)
+        p = torch.where(keep, p / keep_rate(dropout_p), 0.0)
     out = torch.matmul(p.to(compute_dtype), vc).to(stats)
     out = out.masked_fill(empty[..., None], 0.0)
     return out.to(q.dtype), lse
