@@ -343,3 +343,15 @@ def test_an_entry_is_judged_by_the_code_its_own_triton_renders():
     # where no template differs between versions, neither does the digest
     plain = entry(bucket=bucket, params=TuningParams(128, 64, 4, 2, "tma_host"))
     assert plain.code == entry(bucket=bucket, params=plain.params, validity=replace(VALID, triton="3.9.0")).code
+
+
+def test_every_shipped_entry_is_current():
+    """A template edit that changes what a shipped entry's params render to (even its layout:
+    the digest is of the normalised code) makes the entry stale, and attention() would drop it:
+    a new feature's template branches must leave the plain variants' code as it was."""
+    from fa2gen.store.shipped import shipped_files
+
+    files = shipped_files("sm90")
+    assert files
+    stale = [e.bucket.key for _, cfg in files for e in cfg.entries if not e.current]
+    assert not stale, f"{len(stale)} stale shipped entries, e.g. {stale[:3]}"
