@@ -174,7 +174,9 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         if bucket.direction == "decode":
             inputs, problem = cache_inputs(bucket, empty=True)
             sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-            CacheLaunch(problem, params, sms).run(*inputs, *_cache_outputs(inputs, problem), compile_only=True)
+            CacheLaunch(problem, params, sms).run(
+                *inputs, *_outputs(inputs[0], (problem.batch, problem.heads_q, problem.seqlen_q)), compile_only=True
+            )
             return None
         if bucket.varlen:
             _varlen_compile(bucket, params)
@@ -406,7 +408,7 @@ class GpuEvaluator:
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         gate, problem = cache_inputs(bucket, gate=True, seed=self.seed)
         before = (gate[0], gate[1].clone(), gate[2].clone(), *gate[3:])
-        out, lse = _cache_outputs(gate, problem, poison=True)
+        out, lse = _outputs(gate[0], (problem.batch, problem.heads_q, problem.seqlen_q), poison=True)
         cache_forward(*gate, problem, params, launch=CacheLaunch(problem, params, sms), out=out, lse=lse)
         torch.cuda.synchronize()
         verdict = check_cache(before, problem, out, lse, (gate[1], gate[2]))
@@ -415,7 +417,7 @@ class GpuEvaluator:
         if bucket not in self._inputs:
             self._inputs = {bucket: cache_inputs(bucket, seed=self.seed)}  # one bucket's inputs at a time
         inputs, problem = self._inputs[bucket]
-        out, lse = _cache_outputs(inputs, problem, poison=True)
+        out, lse = _outputs(inputs[0], (problem.batch, problem.heads_q, problem.seqlen_q), poison=True)
         kept = CacheLaunch(problem, params, sms)
         t = time_it(lambda: cache_forward(*inputs, problem, params, launch=kept, out=out, lse=lse))
         if torch.isnan(out).any():
@@ -441,7 +443,7 @@ class GpuEvaluator:
         # the backward runs on the default forward's outputs
         fwd_params = bucket_default(dataclasses.replace(bucket, direction="fwd"), arch) if bwd else params
         gate, problem = varlen_inputs(bucket, gate=True, seed=self.seed)
-        out, lse = _varlen_outputs(gate, problem, poison=True)
+        out, lse = _outputs(gate[0], (problem.heads_q, problem.total_q), poison=True)
         varlen_forward(*gate, problem, fwd_params, out=out, lse=lse)
         grads = dout = None
         if bwd:
@@ -456,7 +458,7 @@ class GpuEvaluator:
         if bucket not in self._inputs:
             self._inputs = {bucket: varlen_inputs(bucket, seed=self.seed)}  # one bucket's inputs at a time
         inputs, problem = self._inputs[bucket]
-        out, lse = _varlen_outputs(inputs, problem, poison=True)
+        out, lse = _outputs(inputs[0], (problem.heads_q, problem.total_q), poison=True)
         forward_launch = Launch(problem, fwd_params)
         if bwd:
             varlen_forward(*inputs, problem, fwd_params, out=out, lse=lse, launch=forward_launch)
@@ -505,19 +507,6 @@ def varlen_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, se
     return inputs, make_varlen_problem(*inputs, max(lengths_q), max(lengths_k), **_semantics(bucket))
 
 
-def _varlen_outputs(inputs, problem: Problem, *, poison: bool = False):
-    """(out, lse) of a packed call, filled with NaN when ``poison``."""
-    import torch
-
-    q = inputs[0]
-    out = torch.empty_like(q)
-    lse = torch.empty(problem.heads_q, problem.total_q, dtype=torch.float32, device=q.device)
-    if poison:
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-    return out, lse
-
-
 def _varlen_compile(bucket: Bucket, params: TuningParams) -> None:
     """Compile a packed bucket's kernels for ``params`` without launching them."""
     import torch
@@ -527,7 +516,7 @@ def _varlen_compile(bucket: Bucket, params: TuningParams) -> None:
     from ..runtime.varlen import batch_view
 
     inputs, problem = varlen_inputs(bucket, empty=True)
-    out, lse = _varlen_outputs(inputs, problem)
+    out, lse = _outputs(inputs[0], (problem.heads_q, problem.total_q))
     b = problem.batch
     views = [batch_view(t, b) for t in (*inputs[:3], out)]
     if bucket.direction == "bwd":
@@ -577,13 +566,12 @@ def cache_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, see
     return inputs, make_kvcache_problem(*inputs, **_semantics(bucket))
 
 
-def _cache_outputs(inputs, problem: Problem, *, poison: bool = False):
-    """(out, lse) for a cache call, filled with NaN when ``poison``."""
+def _outputs(q, lse_shape: tuple, *, poison: bool = False):
+    """(out like q, fp32 lse of ``lse_shape``) for a call, filled with NaN when ``poison``."""
     import torch
 
-    q = inputs[0]
     out = torch.empty_like(q)
-    lse = torch.empty(problem.batch, problem.heads_q, problem.seqlen_q, dtype=torch.float32, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     if poison:
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
