@@ -80,7 +80,7 @@ _BWD_AMPERE = [
 
 # Dropout on sm90. Forward, D=128: the Philox draws hold registers beside the 128-row tile, whose
 # 4-warp form spilled 900 B (ptxas); two warp groups hold it in 217 registers, no spill. Backward,
-# D=64: 64 x 32 with host descriptors (no spill) ran 1.10-1.26x the plain default's 128 x 32 on the
+# D=64: 64 x 32 with host descriptors (no spill) ran 1.13-1.26x the plain default's 128 x 32 on the
 # H200 (bf16, N 1k and 4k, causal and not); at D=128 the plain default stayed fastest of four.
 _SM90_DROPOUT_D128 = TuningParams(block_m=128, block_n=64, num_warps=8, num_stages=2, loads="tma_host")
 _SM90_DROPOUT_BWD_D64 = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3, loads="tma_host")
