@@ -108,6 +108,7 @@ def test_dq_mode_matmul_renders_the_dkdv_kernel_with_its_ds_store_and_the_dq_ker
 
 def test_the_backward_hash_covers_the_gluon_template():
     sources = [rendering.template_source("bwd"), rendering._file_source(rendering.GLUON_TEMPLATES["bwd"])]
+    sources += [rendering._file_source(f) for f in rendering.INCLUDED["bwd"]]  # (the dropout draws)
     assert template_hash("bwd") == hashlib.sha256("".join(sources).encode()).hexdigest()[:16]
 
 

@@ -202,6 +202,7 @@ def test_identity_and_the_forward_hash_cover_the_gluon_template():
     names = {Variant(spec, p).name for p in (WS2, WS2.replace(gluon=1, block_m=128), WS2.replace(gluon=0))}
     assert len(names) == 3 and any("gluon2" in n for n in names)
     sources = [rendering.template_source("fwd"), rendering._file_source(rendering.GLUON_TEMPLATE)]
+    sources += [rendering._file_source(f) for f in rendering.INCLUDED["fwd"]]  # (the dropout draws)
     assert template_hash("fwd") == hashlib.sha256("".join(sources).encode()).hexdigest()[:16]
 
 
