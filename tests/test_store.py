@@ -355,3 +355,18 @@ def test_every_shipped_entry_is_current():
     assert files
     stale = [e.bucket.key for _, cfg in files for e in cfg.entries if not e.current]
     assert not stale, f"{len(stale)} stale shipped entries, e.g. {stale[:3]}"
+
+
+def test_thousands_of_entries_go_in_in_one_put(tmp_path):
+    """One put of 3000 entries (what an import of a large file does): SQLite caps a statement's variables,
+    and one INSERT of 16 columns a row overflowed the cap past 2047 rows, storing nothing."""
+    from sqlalchemy import event
+
+    many = [entry(validity=Validity(f"GPU_{i}", "9.0", "3.6.0")) for i in range(3000)]
+    db = TunedDB(tmp_path / "t.sqlite")
+    # the cap of a stock build (32766; some distributions raise it), whatever this one's is
+    event.listen(db.engine, "connect", lambda conn, _: conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32766))
+    db.engine.dispose()
+    assert db.put(many) == 3000
+    assert len(list(db.entries())) == 3000
+    assert db.get(Validity("GPU_2999", "9.0", "3.6.0"), B).params == many[0].params

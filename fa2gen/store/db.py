@@ -183,6 +183,32 @@ def _scope(validity: Validity) -> dict:
     return dataclasses.asdict(validity)  # the row columns a validity names
 
 
+# Rows of one INSERT: each binds one SQL variable per column (16), and SQLite caps a statement's
+# variables (999 before 3.32, 32766 since): 2048 rows of 16 overflowed the newer cap.
+_ROWS_PER_STATEMENT = 60
+
+
+def _upsert(rows: list[dict], superseding: Entry | None):
+    """The INSERT of ``rows`` that keeps, per key, the faster row (or replaces ``superseding``,
+    the entry the caller timed again beside the new one, where the row still holds it)."""
+    stmt = sqlite_insert(TunedRow).values(rows)
+    excluded = stmt.excluded
+    faster = excluded.median_ms < TunedRow.median_ms
+    if superseding is not None:
+        old = _row_values(superseding)
+        unchanged = (
+            (TunedRow.params == old["params"])
+            & (TunedRow.median_ms == old["median_ms"])
+            & (TunedRow.created_at == old["created_at"])
+        )
+        faster = faster | unchanged
+    return stmt.on_conflict_do_update(
+        index_elements=list(_KEY_COLUMNS),
+        set_={c: getattr(excluded, c) for c in rows[0] if c not in _KEY_COLUMNS},
+        where=faster,
+    )
+
+
 class TunedDB:
     """Read and write tuned entries in one SQLite file."""
 
@@ -256,24 +282,8 @@ class TunedDB:
         rows = [_row_values(e) for e in entries]
         if not rows:
             return 0
-        stmt = sqlite_insert(TunedRow).values(rows)
-        excluded = stmt.excluded
-        faster = excluded.median_ms < TunedRow.median_ms
-        if superseding is not None:
-            if len(rows) != 1 or rows[0]["bucket"] != superseding.bucket.key:
-                raise ValueError("put: superseding applies to one entry of its own bucket")
-            old = _row_values(superseding)
-            unchanged = (
-                (TunedRow.params == old["params"])
-                & (TunedRow.median_ms == old["median_ms"])
-                & (TunedRow.created_at == old["created_at"])
-            )
-            faster = faster | unchanged
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(_KEY_COLUMNS),
-            set_={c: getattr(excluded, c) for c in rows[0] if c not in _KEY_COLUMNS},
-            where=faster,
-        )
+        if superseding is not None and (len(rows) != 1 or rows[0]["bucket"] != superseding.bucket.key):
+            raise ValueError("put: superseding applies to one entry of its own bucket")
         with Session(self.engine) as session, session.begin():
             for row in rows:  # stale rows go first (inside the write lock): their times compare with nothing
                 key = {c: row[c] for c in _KEY_COLUMNS}
@@ -281,7 +291,9 @@ class TunedDB:
                 if held is not None and not _current(held):
                     session.delete(held)
             session.flush()
-            session.execute(stmt)
+            # in statements of at most _ROWS_PER_STATEMENT rows, all in this one transaction
+            for i in range(0, len(rows), _ROWS_PER_STATEMENT):
+                session.execute(_upsert(rows[i : i + _ROWS_PER_STATEMENT], superseding))
         return len(rows)
 
     def _rows(self, **filters) -> list[TunedRow]:
