@@ -352,3 +352,14 @@ def test_wheel_ships_tuned_configs(tmp_path):
     assert "fa2gen/tuned_configs/sm90/TEST_DEVICE.yaml" in names
     assert "fa2gen/tuned_configs/README.md" in names
     assert "fa2gen/templates/attn_fwd.py.jinja" in names
+
+
+def test_import_refuses_a_count_past_64_bits_in_one_line(tmp_path):
+    """trials: 10**30 once passed validation and failed in the database with a traceback."""
+    from test_store import _doc
+
+    bad = tmp_path / "huge.yaml"
+    bad.write_text(_doc(entry_trials=10**30))
+    r = runner.invoke(app, ["import", str(bad), "--db", str(tmp_path / "x.sqlite")])
+    assert r.exit_code == 1 and "trials" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1

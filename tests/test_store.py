@@ -163,6 +163,10 @@ def _params(**changes):
         (_doc(entry_median_ms=float("nan")), "median_ms"),
         (_doc(entry_median_ms=-1.0), "median_ms"),
         (_doc(entry_trials=True), "trials"),
+        # 10**30 passed validation, then overflowed SQLite's 64-bit integers on import
+        (_doc(entry_trials=10**30), "trials"),
+        (_doc(entry_p20_ms=5.0), "p20_ms <= median_ms <= p80_ms"),
+        (_doc(entry_p80_ms=0.5), "p20_ms <= median_ms <= p80_ms"),
         (_doc(entry_shell="ls"), "unknown keys"),
     ],
 )

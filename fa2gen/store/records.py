@@ -84,6 +84,11 @@ class Measurement:
             check_number(name, getattr(self, name), positive=True)
         for name in ("tflops", "max_error"):
             check_number(name, getattr(self, name))
+        if not self.p20_ms <= self.median_ms <= self.p80_ms:
+            raise RecordError(
+                "p20_ms <= median_ms <= p80_ms must hold, got "
+                f"{self.p20_ms!r:.12}, {self.median_ms!r:.12}, {self.p80_ms!r:.12}"
+            )
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,9 @@ class Entry:
 
     def __post_init__(self) -> None:
         check_number("default_ms", self.default_ms, positive=True, allow_none=True)
-        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0:
-            raise RecordError(f"trials: invalid value {self.trials!r}")
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or not 0 <= self.trials < 2**63:
+            # (SQLite stores 64-bit integers: a larger count would fail on write, after validation)
+            raise RecordError(f"trials: expected an integer from 0 to 2**63 - 1, got {self.trials!r:.40}")
         if not isinstance(self.created_at, str) or len(self.created_at) > 64:
             raise RecordError(f"created_at: invalid value {self.created_at!r}")
         # Params that cannot render for the bucket's kernel (a backward knob on a forward
