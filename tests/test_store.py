@@ -374,3 +374,40 @@ def test_thousands_of_entries_go_in_in_one_put(tmp_path):
     assert db.put(many) == 3000
     assert len(list(db.entries())) == 3000
     assert db.get(Validity("GPU_2999", "9.0", "3.6.0"), B).params == many[0].params
+
+
+def _run(code: str, timeout: float = 60.0):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def test_special_files_are_refused_never_read_without_end_or_waited_on(tmp_path):
+    """The size cap read st_size, 0 for special files: /dev/zero was read until memory ran out,
+    and a FIFO blocked forever, in `fa2gen import` and in the config lookup alike."""
+    import os
+
+    fifo = tmp_path / "configs" / "sm90" / "a.yaml"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    (tmp_path / "big.yaml").write_text("a: " + "x" * (9 * 1024 * 1024))
+    for path in (fifo, "/dev/zero", tmp_path / "big.yaml", tmp_path / "configs"):
+        code = f"from fa2gen.store.yamlfile import read\ntry:\n    read({str(path)!r})\n"
+        code += "except Exception as e:\n    print(e)"
+        r = _run(code)  # (a hang fails here by its timeout)
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+        assert "regular file" in r.stdout or "larger than" in r.stdout, r.stdout
+    code = (
+        "import warnings, pathlib\nfrom fa2gen.store.shipped import shipped_files\n"
+        f"with warnings.catch_warnings(record=True) as w:\n    warnings.simplefilter('always')\n"
+        f"    print(shipped_files('sm90', pathlib.Path({str(tmp_path / 'configs')!r})), len(w))"
+    )
+    r = _run(code)
+    assert r.returncode == 0 and r.stdout.split() == ["()", "1"], r.stdout + r.stderr
+    from typer.testing import CliRunner
+
+    from fa2gen.cli import app
+
+    r = CliRunner().invoke(app, ["import", "/dev/zero", "--db", str(tmp_path / "x.sqlite")])
+    assert r.exit_code == 1 and "not a regular file" in r.output and len(r.output.strip().splitlines()) == 1

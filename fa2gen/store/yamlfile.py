@@ -10,6 +10,8 @@ documented in tuned_configs/README.md.
 from __future__ import annotations
 
 import datetime
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,14 +179,37 @@ def _parse(text: str) -> ConfigFile:
 
 
 def read(path: str | Path) -> ConfigFile:
+    return parse(read_text(path))
+
+
+def read_text(path: str | Path, limit: int = MAX_BYTES) -> str:
+    """A regular file's text, at most ``limit`` bytes, or RecordError. Opened without blocking
+    and checked on the open descriptor: a FIFO (which would block a read until a writer came)
+    and devices such as /dev/zero (whose size reads 0 and whose text never ends) are refused."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise RecordError(f"file larger than {MAX_BYTES} bytes")
-        return parse(path.read_text())
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
-        raise RecordError(f"cannot read {path}: {e}") from None
+        raise RecordError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RecordError(f"cannot read {path}: not a regular file")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise RecordError(f"cannot read {path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise RecordError(f"file larger than {limit} bytes")
+    try:
+        return data.decode()
     except UnicodeDecodeError:
         raise RecordError(f"{path} is not UTF-8 text") from None
 

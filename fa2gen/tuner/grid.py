@@ -33,6 +33,8 @@ import yaml
 
 from ..generator.spec import SpecError
 from ..store.buckets import MAX_BH, MAX_GROUP, MAX_PAGE, MAX_SEQ, Bucket, ceil_pow2
+from ..store.records import RecordError
+from ..store.yamlfile import read_text
 
 _KEYS = {
     "directions",
@@ -202,8 +204,8 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
 
 def read_grid(path: str | Path) -> list[Bucket]:
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
+        data = yaml.safe_load(read_text(path))
+    except (RecordError, yaml.YAMLError) as e:
         raise GridError(f"cannot read grid {path}: {e}") from None
     return buckets_from_grid(data)
 
