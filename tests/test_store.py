@@ -168,6 +168,9 @@ def _params(**changes):
         (_doc(entry_p20_ms=5.0), "p20_ms <= median_ms <= p80_ms"),
         (_doc(entry_p80_ms=0.5), "p20_ms <= median_ms <= p80_ms"),
         (_doc(entry_shell="ls"), "unknown keys"),
+        # a repeated key was accepted, the last one winning
+        (_doc().replace("schema: 2", "schema: 2\nschema: 2"), "appears twice"),
+        (_doc().replace("    block_m: 128", "    block_m: 128\n    block_m: 64"), "appears twice"),
     ],
 )
 def test_yaml_rejects_hostile_or_invalid(text, match):

@@ -56,7 +56,8 @@ _REQUIRED_ENTRY_KEYS_V2 = _REQUIRED_ENTRY_KEYS | {"code"}
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects aliases: config files never need them."""
+    """SafeLoader that rejects aliases (config files never need them) and a key repeated in
+    one mapping (which YAML loaders otherwise resolve silently, the last one winning)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -65,6 +66,21 @@ class _StrictLoader(yaml.SafeLoader):
                 None, None, "aliases are not allowed in fa2gen config files", event.start_mark
             )
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class says so
+                break
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r:.40} appears twice in one mapping", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
 
 
 @dataclass(frozen=True)
