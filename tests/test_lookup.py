@@ -236,3 +236,22 @@ def test_every_shipped_entry_renders_to_the_code_it_was_tuned_on():
         assert config.meta["schema"] == 2 and config.entries, path
         stale = [e.bucket.key for e in config.entries if not e.current]
         assert not stale, (path.name, stale)
+
+
+def test_an_exact_shipped_bucket_beats_the_databases_nearest_one(env):
+    """A partial tune (buckets at 2k and 8k tokens) took the 1k and 4k buckets from its own
+    nearest entries, dropping the shipped file's exact ones for them. An exact bucket from any
+    source now comes first; among exact ones the database, then this device's file, then the
+    arch's."""
+    root, db_path = env
+    here, near = problem(4096), problem(8192, bh=(2, 16))
+    write_yaml(root, H100, [entry(P_ARCH, Bucket.of(here), validity(H100))])
+    TunedDB(db_path).put([entry(P_DB, Bucket.of(near), validity())])
+    assert (choose(here).source, choose(here).params) == ("shipped-arch", P_ARCH)
+    write_yaml(root, "NVIDIA_H200", [entry(P_DEV, Bucket.of(here), validity())])
+    assert (choose(here).source, choose(here).params) == ("shipped", P_DEV)
+    TunedDB(db_path).put([entry(P_DB, Bucket.of(here), validity())])
+    assert (choose(here).source, choose(here).params) == ("db", P_DB)
+    # with no exact entry anywhere, the database's nearest answers before the shipped nearest
+    other = problem(2048, bh=(8, 16))
+    assert choose(other).source == "db-nearest"

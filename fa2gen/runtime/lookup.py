@@ -1,10 +1,12 @@
 """Where a call's tuning params come from, in order of preference.
 
-1. the user's tuned database (this device, same Triton), exact bucket, then the nearest
-   bucket of the same kernel;
-2. the shipped YAML: the exact bucket in this device's file, then in any file of the
-   same arch; then the nearest bucket, in the same order;
+1. the exact bucket: in the user's tuned database (this device, same Triton), then in this
+   device's shipped YAML file, then in any shipped file of the same arch;
+2. the nearest bucket of the same kernel, in the same order of sources;
 3. the heuristic default.
+
+An exact bucket from any source beats a nearest one: a partial tune into the user's database
+must not take the buckets it never touched from the shipped file's exact entries.
 
 "Nearest" means at most ``MAX_DISTANCE`` doublings away, summed over the rounded
 dimensions; farther than that a tuned config says little and the default is used.
@@ -99,7 +101,8 @@ def close_readers() -> None:
         _readers.clear()
 
 
-def _from_db(bucket, validity, spec, arch) -> Choice | None:
+def _from_db(bucket, validity, spec, arch, exact: bool) -> Choice | None:
+    """The database's entry for ``bucket`` (``exact``) or its nearest one."""
     from ..store.db import default_db_path
 
     path = default_db_path()
@@ -107,9 +110,11 @@ def _from_db(bucket, validity, spec, arch) -> Choice | None:
         return None
     try:
         db = _reader(path)
-        exact = db.get(validity, bucket)
-        if exact is not None and fits(spec, exact.params, arch) is None:
-            return Choice(exact.params, "db", exact.bucket, validity.triton)
+        if exact:
+            found = db.get(validity, bucket)
+            if found is not None and fits(spec, found.params, arch) is None:
+                return Choice(found.params, "db", found.bucket, validity.triton)
+            return None
         same = list(
             db.entries(
                 device=validity.device, capability=validity.capability, triton=validity.triton, schema=validity.schema
@@ -128,7 +133,8 @@ def _from_db(bucket, validity, spec, arch) -> Choice | None:
     return Choice(near.params, "db-nearest", near.bucket, validity.triton) if near else None
 
 
-def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
+def _from_shipped(bucket, validity, spec, arch, exact: bool) -> Choice | None:
+    """The shipped files' entry for ``bucket`` (``exact``) or their nearest one."""
     from ..store.shipped import shipped_files
 
     try:
@@ -140,6 +146,13 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
     # An exact bucket, the device's own or another's of the arch, before any nearest one: a
     # bucket tuned on a sibling GPU says more than a neighbour tuned on this one. An entry
     # whose params no longer render to the code it was measured on is skipped.
+    if not exact:
+        for group, source in ((own, "shipped-nearest"), (arch_files, "shipped-arch")):
+            for cfg in group:
+                near = _nearest(bucket, cfg.entries, spec, arch)
+                if near:
+                    return Choice(near.params, source, near.bucket, cfg.meta["triton"])
+        return None
     for group, source in ((own, "shipped"), (arch_files, "shipped-arch")):
         for cfg in group:
             for e in cfg.entries:
@@ -152,11 +165,6 @@ def _from_shipped(bucket, validity, spec, arch) -> Choice | None:
                         cfg.meta["device"],
                         bucket.key,
                     )
-    for group, source in ((own, "shipped-nearest"), (arch_files, "shipped-arch")):
-        for cfg in group:
-            near = _nearest(bucket, cfg.entries, spec, arch)
-            if near:
-                return Choice(near.params, source, near.bucket, cfg.meta["triton"])
     return None
 
 
@@ -191,9 +199,10 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
         return Choice(bucket_default(bucket, arch), "default")
     if device is not None and not tuned_disabled():
         validity = _validity(device)
-        for source in (_from_db, _from_shipped):
-            found = source(bucket, validity, spec, arch)
-            # Newer GPUs share sm90's configs, but the Gluon forward issues Hopper's wgmma.
-            if found is not None and not (found.params.gluon and device.capability[0] != 9):
-                return found
+        for exact in (True, False):  # an exact bucket from any source, then the nearest
+            for source in (_from_db, _from_shipped):
+                found = source(bucket, validity, spec, arch, exact)
+                # Newer GPUs share sm90's configs, but the Gluon forward issues Hopper's wgmma.
+                if found is not None and not (found.params.gluon and device.capability[0] != 9):
+                    return found
     return Choice(bucket_default(bucket, arch), "default")
