@@ -178,6 +178,13 @@ def test_yaml_rejects_hostile_or_invalid(text, match):
         parse(text)
 
 
+def test_a_file_with_two_entries_for_one_bucket_is_refused():
+    """import said "imported 3" for three entries of which two shared a bucket, and stored 2."""
+    text = dump([entry(), entry(ms=2.0, validity=VALID)], arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0")
+    with pytest.raises(RecordError, match=r"entries\[0\] and entries\[1\] are both for bucket"):
+        parse(text)
+
+
 def test_yaml_rejects_huge_files():
     with pytest.raises(RecordError, match="larger"):
         parse("a: " + "x" * (9 * 1024 * 1024))

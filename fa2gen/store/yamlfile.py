@@ -191,6 +191,11 @@ def _parse(text: str) -> ConfigFile:
     if not isinstance(raw_entries, list):
         raise RecordError("entries: expected a list")
     entries = tuple(_entry(raw, hashes, meta, i) for i, raw in enumerate(raw_entries))
+    first: dict[str, int] = {}
+    for i, e in enumerate(entries):  # (one file holds one answer per bucket: two would be one silently dropped)
+        j = first.setdefault(e.bucket.key, i)
+        if j != i:
+            raise RecordError(f"entries[{j}] and entries[{i}] are both for bucket {e.bucket.key}")
     return ConfigFile(meta, entries)
 
 
