@@ -181,7 +181,7 @@ def test_misfiled_yaml_is_ignored(env):
     text = dump([entry(P_ARCH, b, validity())], arch="sm86", fa2gen_version="0.1.0", torch_version="x")
     (root / "sm90" / "NVIDIA_H200.yaml").write_text(text)
     shipped.shipped_files.cache_clear()
-    with pytest.warns(RuntimeWarning, match="says arch sm86"):
+    with pytest.warns(RuntimeWarning, match="arch: sm86 disagrees with capability 9.0"):
         assert choose().source == "default"
 
 

@@ -150,6 +150,7 @@ def _params(**changes):
         (_doc(extra=1), "unknown keys"),
         (_doc(schema=3), "schema"),
         (_doc(arch="sm100"), "arch"),
+        (_doc(arch="sm80"), "arch: sm80 disagrees with capability 9.0"),  # (was accepted)
         (_doc(device="NVIDIA H200; rm -rf"), "device"),
         (_doc(capability=9.0), "capability"),
         (_doc(template_hash={"fwd": "{{ evil }}"}), "template_hash"),
@@ -421,3 +422,22 @@ def test_special_files_are_refused_never_read_without_end_or_waited_on(tmp_path)
 
     r = CliRunner().invoke(app, ["import", "/dev/zero", "--db", str(tmp_path / "x.sqlite")])
     assert r.exit_code == 1 and "not a regular file" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_one_bad_entry_costs_the_shipped_file_that_entry_not_the_file(tmp_path, recwarn):
+    """A shipped file with one invalid entry was dropped whole, every good entry with it; import
+    still refuses such a file outright."""
+    from fa2gen.store.shipped import shipped_files
+
+    other = Bucket("fwd", "fp16", 64, "causal", False, 1, 512, 512, 1024)
+    doc = yaml.safe_load(
+        dump([entry(), entry(bucket=other)], arch="sm90", fa2gen_version="0.1.0", torch_version="2.11.0")
+    )
+    doc["entries"][0]["params"]["block_m"] = 100
+    (tmp_path / "sm90").mkdir()
+    (tmp_path / "sm90" / "NVIDIA_H200.yaml").write_text(yaml.safe_dump(doc))
+    [(device, cfg)] = shipped_files("sm90", tmp_path)
+    assert [e.bucket for e in cfg.entries] == [other] and "block_m" in cfg.skipped[0]
+    assert any("ignoring 1 invalid entries" in str(w.message) for w in recwarn)
+    with pytest.raises(RecordError, match="block_m"):
+        parse(yaml.safe_dump(doc))

@@ -49,10 +49,16 @@ def shipped_files(arch: str, root: Path | None = None) -> tuple[tuple[str, Confi
     found = []
     for path in sorted(folder.glob("*.yaml")):
         try:
-            cfg = read(path)
+            cfg = read(path, lenient=True)  # (one bad entry costs that entry, not the file)
         except RecordError as e:
             warnings.warn(f"fa2gen: ignoring unreadable tuned config {path.name}: {e}", RuntimeWarning, stacklevel=2)
             continue
+        if cfg.skipped:
+            warnings.warn(
+                f"fa2gen: {path.name}: ignoring {len(cfg.skipped)} invalid entries, e.g. {cfg.skipped[0]}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if cfg.arch != arch:
             warnings.warn(
                 f"fa2gen: ignoring {path.name}: it says arch {cfg.arch}, found under {arch}",

@@ -87,6 +87,7 @@ class _StrictLoader(yaml.SafeLoader):
 class ConfigFile:
     meta: dict  # validated header fields (everything but entries)
     entries: tuple[Entry, ...]
+    skipped: tuple[str, ...] = ()  # why each entry a lenient read left out was invalid
 
     @property
     def arch(self) -> str:
@@ -139,17 +140,19 @@ def _entry(raw, template_hashes: dict | None, header: dict, index: int) -> Entry
         raise RecordError(f"{where}: {e}") from None
 
 
-def parse(text: str) -> ConfigFile:
-    """Validate YAML text into a ConfigFile; raises RecordError on anything off."""
+def parse(text: str, *, lenient: bool = False) -> ConfigFile:
+    """Validate YAML text into a ConfigFile; raises RecordError on anything off. ``lenient``:
+    an invalid entry is left out (its reason in ``ConfigFile.skipped``) rather than failing the
+    file, as the runtime reads shipped files; a bad header still fails it."""
     try:
-        return _parse(text)
+        return _parse(text, lenient)
     except RecordError:
         raise
     except Exception as e:  # unhashable keys, absurd numbers, deep nesting: still just a bad file
         raise RecordError(f"invalid file: {type(e).__name__}: {str(e)[:80]}") from None
 
 
-def _parse(text: str) -> ConfigFile:
+def _parse(text: str, lenient: bool) -> ConfigFile:
     if len(text.encode()) > MAX_BYTES:
         raise RecordError(f"file larger than {MAX_BYTES} bytes")
     try:
@@ -186,21 +189,31 @@ def _parse(text: str) -> ConfigFile:
         "torch": _text("torch", data["torch"]),
         "date": _text("date", str(data["date"])),
     }
-    Validity(meta["device"], capability, meta["triton"])  # checks device, capability and triton
+    validity = Validity(meta["device"], capability, meta["triton"])  # checks device, capability and triton
+    if validity.arch != meta["arch"]:
+        raise RecordError(f"arch: {meta['arch']} disagrees with capability {capability} ({validity.arch})")
     raw_entries = data["entries"]
     if not isinstance(raw_entries, list):
         raise RecordError("entries: expected a list")
-    entries = tuple(_entry(raw, hashes, meta, i) for i, raw in enumerate(raw_entries))
-    first: dict[str, int] = {}
-    for i, e in enumerate(entries):  # (one file holds one answer per bucket: two would be one silently dropped)
-        j = first.setdefault(e.bucket.key, i)
-        if j != i:
-            raise RecordError(f"entries[{j}] and entries[{i}] are both for bucket {e.bucket.key}")
-    return ConfigFile(meta, entries)
+    entries, skipped, first = [], [], {}
+    for i, raw in enumerate(raw_entries):
+        try:
+            e = _entry(raw, hashes, meta, i)
+            j = first.setdefault(e.bucket.key, i)
+            if j != i:  # (one file holds one answer per bucket: two would be one silently dropped)
+                raise RecordError(f"entries[{j}] and entries[{i}] are both for bucket {e.bucket.key}")
+        except RecordError as err:
+            if not lenient:
+                raise
+            skipped.append(str(err))
+            continue
+        entries.append(e)
+    return ConfigFile(meta, tuple(entries), tuple(skipped))
 
 
-def read(path: str | Path) -> ConfigFile:
-    return parse(read_text(path))
+def read(path: str | Path, *, lenient: bool = False) -> ConfigFile:
+    """The config file at ``path``, as ``parse`` reads it (``lenient``: bad entries left out)."""
+    return parse(read_text(path), lenient=lenient)
 
 
 def read_text(path: str | Path, limit: int = MAX_BYTES) -> str:
