@@ -138,3 +138,26 @@ def test_repeated_calls_reuse_one_launch_and_still_validate():
         fa2gen.attention(q, k, k, window_size=(True, 0))
     dispatch.clear_memo()
     assert not dispatch._launches
+
+
+def test_sparse_and_meta_inputs_get_a_clear_error():
+    """A sparse q got a message about strides; meta tensors passed validation and failed deep
+    inside Triton under the interpreter."""
+    q = torch.randn(1, 2, 8, 64, dtype=torch.float16)
+    with pytest.raises(TypeError, match="q must be a dense .strided. tensor, got layout torch.sparse_coo"):
+        fa2gen.attention(q.to_sparse(), q, q)
+    meta = q.to("meta")
+    for call in (
+        lambda: fa2gen.attention(meta, meta, meta),
+        lambda: fa2gen.attention_varlen(
+            meta[0].transpose(0, 1),
+            meta[0].transpose(0, 1),
+            meta[0].transpose(0, 1),
+            torch.tensor([0, 8], dtype=torch.int32, device="meta"),
+            torch.tensor([0, 8], dtype=torch.int32, device="meta"),
+            8,
+            8,
+        ),
+    ):
+        with pytest.raises(ValueError, match="meta device"):
+            call()

@@ -131,6 +131,7 @@ def eager_attention(
 ):
     """``attention()``'s work, (out, lse), through autograd where a gradient is wanted;
     ``seed``: dropout's (None: drawn here)."""
+    _check_computable(q)
     descale_q, descale_k, descale_v = descales
     extra = (descale_q, descale_k, descale_v, alibi_slopes)
     key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, extra, dropout_p)
@@ -333,6 +334,7 @@ def eager_attention_varlen(
 ):
     """``attention_varlen()``'s work, (out, lse), through autograd where a gradient is wanted;
     ``seed``: dropout's (None: drawn here)."""
+    _check_computable(q)
     call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     kept, problem = _kept_varlen(*call, causal, sm_scale, window_size, softcap, validate, alibi_slopes, dropout_p)
     alibi = check_alibi(alibi_slopes, problem, q.device)
@@ -463,6 +465,7 @@ def eager_attention_with_kvcache(
     alibi_slopes,
 ):
     """``attention_with_kvcache()``'s work: (out, lse)."""
+    _check_computable(q)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     key = None if validate is not False else _options_key(causal, sm_scale, window_size, softcap)
     if key is not None:
@@ -522,6 +525,13 @@ def _torch_dropout(problem, dropout_p: float):
     rows = problem.total_q if problem.varlen else problem.seqlen_q
     shape = (1 if problem.varlen else problem.batch, problem.heads_q, rows, problem.seqlen_k)
     return torch.rand(shape) >= dropout_p, dropout_p
+
+
+def _check_computable(q) -> None:
+    """Refuse tensors no path computes on: validation accepts the meta device (shapes only, for
+    tracing), where the kernels would fail deep inside Triton."""
+    if isinstance(q, torch.Tensor) and q.device.type == "meta":
+        raise ValueError("q is on the meta device, which holds no data: fa2gen computes on CUDA (or CPU) tensors")
 
 
 def _index(t: torch.Tensor) -> int:

@@ -112,6 +112,8 @@ def _spec(
 def _check_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # (a sparse tensor has no strides to check)
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if t.dim() != 4:
         raise ValueError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
     if t.dtype not in DTYPE_NAMES:
