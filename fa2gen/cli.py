@@ -561,20 +561,17 @@ def show(
     from rich.console import Console
     from rich.table import Table
 
-    from .store.db import StoreError, TunedDB
-
-    try:
-        store = TunedDB(db)
-    except StoreError as e:
-        typer.echo(f"fa2gen show: {e}", err=True)
-        raise typer.Exit(1)
+    store = _read_db(db, "show", missing_ok=True)
+    if store is None:
+        typer.echo("0 entries")
+        return
     table = Table(title=str(store.path))
     # code: "current" while the params render to the code they were measured on, else "changed"
     # (the lookup skips the entry until its bucket is tuned again)
     for col in ("device", "arch", "triton", "bucket", "config", "code", "ms", "TFLOP/s", "speedup", "trials"):
         table.add_column(col)
     n = 0
-    for e in store.entries(device=device):
+    for e in _db_entries(store, "show", device=device):
         a = e.validity.arch
         if arch and a != arch:
             continue
@@ -623,13 +620,12 @@ def export_(
     import triton
 
     from . import __version__
-    from .store.db import TunedDB
     from .store.records import RecordError
     from .store.yamlfile import dump
 
-    store = TunedDB(db)
+    store = _read_db(db, "export")
     version = triton_version or triton.__version__
-    candidates = [e for e in store.entries(device=device) if e.validity.arch == arch]
+    candidates = [e for e in _db_entries(store, "export", device=device) if e.validity.arch == arch]
     entries = [e for e in candidates if e.validity.triton == version and e.current]
     if not entries:
         skipped = f" ({len(candidates)} tuned under another Triton or on changed code)" if candidates else ""
@@ -666,10 +662,62 @@ def import_(
     except RecordError as e:
         typer.echo(f"fa2gen import: {file}: {e}", err=True)
         raise typer.Exit(1)
-    store = TunedDB(db)
-    store.put(cfg.entries)
+    try:
+        store = TunedDB(db)
+        store.put(cfg.entries)
+    except _db_errors() as e:
+        typer.echo(f"fa2gen import: {_one_line(e)}", err=True)
+        raise typer.Exit(1)
     clear_memo()
     typer.echo(f"imported {len(cfg.entries)} entries for {cfg.meta['device']} into {store.path}")
+
+
+def _db_errors() -> tuple:
+    """What a broken database file raises: fa2gen's StoreError, the OS's, SQLite's and
+    SQLAlchemy's errors (imported here, not at start-up)."""
+    import sqlite3
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .store.db import StoreError
+
+    return (StoreError, OSError, sqlite3.Error, SQLAlchemyError)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300] or type(e).__name__
+
+
+def _read_db(db: Optional[Path], command: str, *, missing_ok: bool = False):
+    """The results database opened read-only (nothing written, created or converted: a
+    read-only command leaves any file it is pointed at as it was), or None where there is none
+    and ``missing_ok``; a file that is not a readable fa2gen database exits with one line."""
+    from .store.db import TunedDB, default_db_path
+
+    path = db if db is not None else default_db_path()
+    if not path.exists():
+        if missing_ok:
+            typer.echo(f"no tuned database at {path}")
+            return None
+        typer.echo(f"fa2gen {command}: no tuned database at {path}", err=True)
+        raise typer.Exit(1)
+    if not path.is_file():
+        typer.echo(f"fa2gen {command}: {path} is not a database file", err=True)
+        raise typer.Exit(1)
+    try:
+        return TunedDB(path, readonly=True)
+    except _db_errors() as e:
+        typer.echo(f"fa2gen {command}: {_one_line(e)}", err=True)
+        raise typer.Exit(1)
+
+
+def _db_entries(store, command: str, **filters) -> list:
+    """``store``'s valid entries, or one line and exit where the file breaks while read."""
+    try:
+        return list(store.entries(**filters))
+    except _db_errors() as e:
+        typer.echo(f"fa2gen {command}: {store.path}: {_one_line(e)}", err=True)
+        raise typer.Exit(1)
 
 
 def main() -> None:

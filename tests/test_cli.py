@@ -363,3 +363,64 @@ def test_import_refuses_a_count_past_64_bits_in_one_line(tmp_path):
     r = runner.invoke(app, ["import", str(bad), "--db", str(tmp_path / "x.sqlite")])
     assert r.exit_code == 1 and "trials" in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def _broken_databases(tmp_path):
+    """Files a results-database option may point at that are not a usable fa2gen database."""
+    import sqlite3
+
+    from fa2gen.store.db import TunedDB
+
+    made = {}
+    made["empty"] = tmp_path / "empty.sqlite"
+    made["empty"].write_bytes(b"")
+    made["garbage"] = tmp_path / "garbage.sqlite"
+    made["garbage"].write_bytes(b"not a database" * 100)
+    made["foreign"] = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(made["foreign"]) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('mine')")
+    conn.close()
+    made["truncated"] = tmp_path / "truncated.sqlite"
+    TunedDB(made["truncated"]).dispose()
+    data = made["truncated"].read_bytes()
+    made["truncated"].write_bytes(data[: len(data) // 2])
+    made["newer"] = tmp_path / "newer.sqlite"
+    TunedDB(made["newer"]).dispose()
+    with sqlite3.connect(made["newer"]) as conn:
+        conn.execute("UPDATE schema_version SET version = 99")
+    conn.close()
+    made["directory"] = tmp_path / "adir"
+    made["directory"].mkdir()
+    return made
+
+
+def test_read_only_commands_leave_every_file_as_it_was_and_say_one_line(tmp_path):
+    """show created a missing database and its folders, added tables to another application's
+    SQLite file (switching it to WAL) and made a zero-byte file a database; show and export
+    printed tracebacks for broken files."""
+    missing = tmp_path / "not" / "there.sqlite"
+    r = runner.invoke(app, ["show", "--db", str(missing)])
+    assert r.exit_code == 0 and "0 entries" in r.output and not missing.parent.exists()
+    for name, path in _broken_databases(tmp_path).items():
+        before = path.read_bytes() if path.is_file() else None
+        for args in (["show"], ["export", "--arch", "sm90", "-o", str(tmp_path / "out.yaml")]):
+            r = runner.invoke(app, [*args, "--db", str(path)])
+            assert r.exit_code == 1 and not isinstance(r.exception, Exception), (name, args, r.exception)
+            assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, (name, args, r.output)
+            if before is not None:
+                assert path.read_bytes() == before, (name, args)
+        assert not (tmp_path / "out.yaml").exists()
+
+
+def test_import_into_a_broken_database_says_one_line(tmp_path):
+    good = tmp_path / "good.yaml"
+    from test_store import _doc
+
+    good.write_text(_doc())
+    for name, path in _broken_databases(tmp_path).items():
+        if name == "empty":
+            continue  # (an empty file is a new database to a writer)
+        r = runner.invoke(app, ["import", str(good), "--db", str(path)])
+        assert r.exit_code == 1 and not isinstance(r.exception, Exception), (name, r.exception)
+        assert len(r.output.strip().splitlines()) == 1, (name, r.output)

@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from sqlalchemy import Float, Integer, String, Text, UniqueConstraint, create_engine, event, select
+from sqlalchemy import Float, Integer, String, Text, UniqueConstraint, create_engine, event, select, text
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -249,6 +249,9 @@ class TunedDB:
 
     def _migrate(self) -> None:
         with Session(self.engine) as session, session.begin():
+            tables = {r[0] for r in session.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))}
+            if tables and SchemaRow.__tablename__ not in tables:  # never write into another application's file
+                raise StoreError(f"{self.path} is an SQLite database of something else (tables {sorted(tables)[:5]})")
             Base.metadata.create_all(session.connection())
             version = session.scalar(select(SchemaRow.version))
             if version is None:
