@@ -131,7 +131,6 @@ def eager_attention(
 ):
     """``attention()``'s work, (out, lse), through autograd where a gradient is wanted;
     ``seed``: dropout's (None: drawn here)."""
-    _check_computable(q)
     descale_q, descale_k, descale_v = descales
     extra = (descale_q, descale_k, descale_v, alibi_slopes)
     key = _call_key(q, k, v, causal, sm_scale, window_size, softcap, extra, dropout_p)
@@ -140,6 +139,7 @@ def eager_attention(
     if launch is None and as_cache is None:
         problem = make_problem(q, k, v, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap)
         problem = _with_options(problem, q, alibi_slopes, dropout_p)
+        _check_computable(q)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = (launch or as_cache).problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
@@ -302,6 +302,7 @@ def _kept_varlen(
             validate=validate,
         )
         problem = _with_options(problem, q, alibi_slopes, dropout_p)
+        _check_computable(q)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = kept.problem
     if kept is None and (q.device.type == "cuda" or interpreting()):
@@ -334,7 +335,6 @@ def eager_attention_varlen(
 ):
     """``attention_varlen()``'s work, (out, lse), through autograd where a gradient is wanted;
     ``seed``: dropout's (None: drawn here)."""
-    _check_computable(q)
     call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     kept, problem = _kept_varlen(*call, causal, sm_scale, window_size, softcap, validate, alibi_slopes, dropout_p)
     alibi = check_alibi(alibi_slopes, problem, q.device)
@@ -465,7 +465,6 @@ def eager_attention_with_kvcache(
     alibi_slopes,
 ):
     """``attention_with_kvcache()``'s work: (out, lse)."""
-    _check_computable(q)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
     key = None if validate is not False else _options_key(causal, sm_scale, window_size, softcap)
     if key is not None:
@@ -477,6 +476,7 @@ def eager_attention_with_kvcache(
         )
         if alibi_slopes is not None:
             problem = dataclasses.replace(problem, alibi=True)
+        _check_computable(q)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = launch.problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
