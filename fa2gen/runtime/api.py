@@ -153,8 +153,7 @@ def eager_attention(
         if as_cache is None and key is not None:  # (a gradient call of this shape kept the dense launch)
             as_cache = cached_launch(("as-cache", *key))
         if as_cache is None:
-            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-            info = cuda_device_info(index)
+            info = cuda_device_info(_index(q))
             cache = cache_problem(problem)
             as_cache = _AsCache(problem, CacheLaunch(cache, select_params(cache, info, "decode"), info.sm_count))
             if key is not None:
@@ -278,7 +277,8 @@ def _kept_varlen(
     alibi_slopes,
     dropout_p,
 ):
-    """(the call shape's kept ``_Varlen`` or None, its key, its problem) of a packed call."""
+    """(the call shape's kept ``_Varlen``, or None on the CPU reference path, and its problem)
+    of a packed call: validated and made on the first call of a layout, found after."""
     key = None
     if validate is False and max_seqlen_q.__class__ is int and max_seqlen_k.__class__ is int:
         options = _options_key(causal, sm_scale, window_size, softcap, dropout_p)
@@ -474,8 +474,7 @@ def eager_attention_with_kvcache(
         problem = make_kvcache_problem(
             *tensors, causal=causal, sm_scale=sm_scale, window_size=window_size, softcap=softcap, validate=validate
         )
-        if alibi_slopes is not None:
-            problem = dataclasses.replace(problem, alibi=True)
+        problem = _with_options(problem, q, alibi_slopes, 0.0)
         _check_computable(q)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = launch.problem

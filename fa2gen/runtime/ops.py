@@ -39,6 +39,8 @@ def _window(window_size) -> tuple[int, int]:
 def _like(t: Tensor, reference: Tensor) -> Tensor:
     """``t`` in the strides ``torch.empty_like(reference)`` gives (what the fake implementations
     promise): the kernels allocate so; only the CPU reference path may differ."""
+    if t.stride() == reference.stride():  # (every kernel call: no allocation to compare)
+        return t
     want = torch.empty_like(reference, dtype=t.dtype)
     if want.stride() == t.stride():
         return t
