@@ -209,6 +209,71 @@ def test_readonly_reader_is_not_blocked_by_a_writer(tmp_path):
         TunedDB(tmp_path / "missing.sqlite", readonly=True)
 
 
+def _read_as_another_user(folder, code: str):
+    """Run ``code`` in Python as a user who cannot write ``folder`` (its mode 0555): this
+    process where it is not root, else (root writes anywhere) inside a user namespace whose
+    user is not root. None where neither is possible."""
+    import os
+    import subprocess
+    import sys
+
+    folder.chmod(0o555)
+    command = [sys.executable, "-c", code]
+    if os.geteuid() == 0:
+        probe = subprocess.run(["unshare", "-U", "--map-user=1000", "true"], capture_output=True)
+        if probe.returncode != 0:
+            return None
+        command = ["unshare", "-U", "--map-user=1000", *command]
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_wal_database_in_a_folder_the_reader_cannot_write_is_read(tmp_path):
+    # A shared database tuned by an admin: WAL mode, no -shm beside it (its last writer
+    # closed cleanly), in a folder others cannot write. SQLite's read-only open needs to
+    # create the -shm file there, and failed: every entry was dropped with one warning.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    writer = TunedDB(shared / "t.sqlite")
+    writer.put([entry()])
+    writer.dispose()  # the last connection closes: the log is folded into the file, -shm removed
+    assert sorted(p.name for p in shared.iterdir()) == ["t.sqlite"]
+    before = (shared / "t.sqlite").read_bytes()
+    code = (
+        "from fa2gen.store.db import TunedDB; from fa2gen.store.records import Validity; "
+        f"from fa2gen.store.buckets import Bucket; db = TunedDB({str(shared / 't.sqlite')!r}, readonly=True); "
+        f"print(db.get(Validity('NVIDIA_H200', '9.0', '3.6.0'), Bucket.parse({B.key!r})).params.label())"
+    )
+    done = _read_as_another_user(shared, code)
+    if done is None:
+        pytest.skip("needs a user that cannot write the folder (unshare -U refused as root)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == TuningParams(128, 64, 4, 2, "tma_host").label()
+    assert (shared / "t.sqlite").read_bytes() == before
+    assert sorted(p.name for p in shared.iterdir()) == ["t.sqlite"]
+
+
+def test_a_wal_database_with_pages_waiting_in_its_log_is_refused_in_one_line(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    writer = TunedDB(shared / "t.sqlite")
+    writer.put([entry()])
+    writer.dispose()  # the last connection closes: the log is folded into the file, -shm removed
+    (shared / "t.sqlite-wal").write_bytes(b"\0" * 4096)  # pages the file does not hold yet
+    code = (
+        "from fa2gen.store.db import TunedDB, StoreError\n"
+        f"try:\n    TunedDB({str(shared / 't.sqlite')!r}, readonly=True)\n"
+        "except StoreError as e:\n    print('refused:', e)"
+    )
+    done = _read_as_another_user(shared, code)
+    if done is None:
+        pytest.skip("needs a user that cannot write the folder (unshare -U refused as root)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("refused:") and "wal_checkpoint" in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize(
     "text,match",
     [

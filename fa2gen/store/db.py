@@ -188,6 +188,13 @@ def _scope(validity: Validity) -> dict:
 _ROWS_PER_STATEMENT = 60
 
 
+def _without_shared_memory(path: Path) -> bool:
+    """Whether a read-only open of ``path`` fails for want of its -shm file: a WAL
+    database's readers need one, and cannot create it in a folder this user cannot write
+    (SQLite then reports a write to a read-only database, or an I/O error)."""
+    return path.is_file() and not path.with_name(path.name + "-shm").exists() and not os.access(path.parent, os.W_OK)
+
+
 def _upsert(rows: list[dict], superseding: Entry | None):
     """The INSERT of ``rows`` that keeps, per key, the faster row (or replaces ``superseding``,
     the entry the caller timed again beside the new one, where the row still holds it)."""
@@ -220,10 +227,10 @@ class TunedDB:
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # Connect through sqlite3 directly: a path is never parsed as a URL ('%', '#', '?').
-        target = self.path.resolve().as_uri() + "?mode=ro" if readonly else str(self.path)
+        self._target = self.path.resolve().as_uri() + "?mode=ro" if readonly else str(self.path)
 
         def connect():
-            return sqlite3.connect(target, uri=readonly, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+            return sqlite3.connect(self._target, uri=readonly, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
 
         self.engine = create_engine("sqlite://", creator=connect)
 
@@ -245,6 +252,29 @@ class TunedDB:
         except StoreError:
             raise
         except Exception as e:  # a corrupt file or not a database at all
+            if not (readonly and _without_shared_memory(self.path)):
+                raise StoreError(f"cannot open tuned database {self.path}: {e}") from e
+            self._open_immutable(e)
+
+    def _open_immutable(self, error: Exception) -> None:
+        """Read a write-ahead-log database whose folder this user cannot write (a shared,
+        admin-tuned one): SQLite's readers need a -shm file beside it, which they cannot
+        create there. Read the file as immutable instead, which needs none, where no
+        committed page waits in a -wal file (immutable reads ignore it)."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(
+                f"cannot read tuned database {self.path}: its folder is not writable here and its "
+                f"write-ahead log holds pages not yet in the file (its owner can run "
+                f"PRAGMA wal_checkpoint(TRUNCATE)) ({error})"
+            ) from error
+        self.engine.dispose()
+        self._target = self.path.resolve().as_uri() + "?immutable=1"
+        try:
+            self._check_version()
+        except StoreError:
+            raise
+        except Exception as e:
             raise StoreError(f"cannot open tuned database {self.path}: {e}") from e
 
     def _migrate(self) -> None:
