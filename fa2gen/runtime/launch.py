@@ -18,14 +18,18 @@ from .problem import Problem
 _ALIGN = 16  # bytes: tensor descriptors need 16-byte aligned bases and strides
 
 
-def tma_compatible(*tensors: torch.Tensor) -> bool:
-    """Whether every tensor can be addressed by a tensor descriptor."""
+def tma_compatible(*tensors: torch.Tensor, in_kernel: bool = False) -> bool:
+    """Whether every tensor can be addressed by a tensor descriptor. ``in_kernel``: by the
+    forward's in-kernel descriptors, one per (batch, head) over rows and columns, whose batch
+    and head strides only move the base: those may be 0 (a packed batch's views)."""
     for t in tensors:
         size = t.element_size()
         if t.data_ptr() % _ALIGN or t.stride(-1) != 1:
             return False
-        for s in t.stride()[:-1]:
-            if s <= 0 or (s * size) % _ALIGN:
+        strides = t.stride()[:-1]
+        for i, s in enumerate(strides):
+            zero_ok = in_kernel and i < len(strides) - 1
+            if s < 0 or (s == 0 and not zero_ok) or (s * size) % _ALIGN:
                 return False
     return True
 
@@ -272,7 +276,8 @@ class Launch:
         if self.params.gluon:
             runs_here = self._gluon_devices(q.device) and tma_compatible(*given)
         else:
-            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given)
+            in_kernel = self.params.loads == "tma_device"
+            runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given, in_kernel=in_kernel)
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi, dropout)
         kernel, args, options = self.prepared(q, k, self.staged_v(v), out, lse, descales, cu_seqlens, alibi, dropout)

@@ -186,8 +186,10 @@ class ForwardTemplate(Template):
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
         if params.dq_mode != "separate":
             return "dq_mode is a backward knob; the forward takes the default 'separate'"
-        if spec.varlen and (params.gluon or params.loads != "pointer" or params.persistent):
-            return "packed batches (varlen) run the Triton template's pointer loads on the plain grid"
+        if spec.varlen and (params.gluon or params.loads == "tma_host" or params.persistent):
+            # (a host descriptor spans the whole packed tensor: its boxes would cross into the
+            # next sequence; in-kernel ones are built per sequence and stop at its end)
+            return "packed batches (varlen) run the Triton template on the plain grid (pointer or tma_device loads)"
         if (spec.alibi or spec.dropout) and params.gluon:
             return "ALiBi and dropout run in the Triton template (gluon=0)"
         if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
