@@ -25,6 +25,7 @@ resolved on first access (``from fa2gen.compat import tma_load`` in a rendered k
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -266,6 +267,25 @@ def launch_hooked() -> bool:
     return any(
         h is not None and bool(getattr(h, "calls", True)) for h in (runtime.launch_enter_hook, runtime.launch_exit_hook)
     )
+
+
+@contextlib.contextmanager
+def on_compile(hook):
+    """Call ``hook(kernel_name, cache_key)`` after each kernel Triton compiles (or loads
+    from its disk cache) while the block runs: how often a kernel was compiled."""
+    runtime = _knobs().runtime
+    previous = runtime.jit_post_compile_hook
+
+    def called(*, key, fn, **_):
+        hook(fn.name, str(key))
+        if previous is not None:
+            previous(key=key, fn=fn, **_)
+
+    runtime.jit_post_compile_hook = called
+    try:
+        yield
+    finally:
+        runtime.jit_post_compile_hook = previous
 
 
 def launch_modes() -> tuple:

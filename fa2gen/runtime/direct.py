@@ -16,6 +16,7 @@ launch hook (a profiler) is set.
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -90,19 +91,40 @@ class DirectKernel:
         return True
 
 
+# Triton compiles on a cache miss in whichever thread launches, without a lock: threads whose
+# first calls meet the same kernel at once would each compile it. A kept launch's first
+# launch (where a compile can happen) holds its kernel's lock; later ones never wait.
+_first_launch_locks: dict = {}
+_locks_lock = threading.Lock()
+
+
+def _first_launch_lock(kernel) -> threading.Lock:
+    with _locks_lock:
+        lock = _first_launch_locks.get(kernel)
+        if lock is None:
+            lock = _first_launch_locks[kernel] = threading.Lock()
+        return lock
+
+
 def warmup(kernel, grid, args, options) -> None:
     """Compile ``kernel`` for ``args`` as ``launch`` would run it, without running it."""
-    kernel.warmup(*args, grid=grid, **compat.codegen(options))
+    with _first_launch_lock(kernel):
+        kernel.warmup(*args, grid=grid, **compat.codegen(options))
 
 
 def launch(kept: dict, name, kernel, grid, args, options) -> None:
     """``kernel[grid](*args, **options)``, through the launcher kept under ``name`` (any
     key naming the kernel) in ``kept`` (a kept launch's own dict) where the call fits it.
-    The first launch goes through Triton and, when enabled, keeps the launcher for the next."""
+    The first launch goes through Triton, one thread at a time per kernel, and, when
+    enabled, keeps the launcher for the next."""
     direct = kept.get(name)
     if direct and direct(args):
         return
     options = compat.codegen(options)  # off the kept path: a launch through Triton only
+    if direct is None:
+        with _first_launch_lock(kernel):
+            kernel[grid](*args, **options)
+        if ENABLED:
+            kept[name] = DirectKernel.keep(kernel, grid, args, options) or False  # False: never
+        return
     kernel[grid](*args, **options)
-    if direct is None and ENABLED:
-        kept[name] = DirectKernel.keep(kernel, grid, args, options) or False  # False: never
