@@ -166,6 +166,23 @@ def test_a_packed_batch_on_the_gpu_mixing_lengths_0_1_and_4k(dtype, options):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 72, 128])
+@pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (100, 0)}], ids=str)
+def test_in_kernel_descriptors_on_the_gpu_stop_at_each_sequences_end(D, options):
+    # lengths 0 and 1, totals that are no multiple of a block, a sequence past 4k
+    lq, lk = [0, 1, 4096, 777, 1, 333], [5, 1, 4096, 1000, 0, 129]
+    q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=D, dtype=torch.bfloat16, device="cuda", seed=6)
+    problem = make_varlen_problem(q, k, v, cq, ck, max(lq), max(lk), **options)
+    for params in (TuningParams(128, 64, 8, 2, "tma_device"), TuningParams(64, 64, 4, 3, "tma_device")):
+        launch = Launch(problem, params)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((8, q.shape[0]), float("nan"), device="cuda")
+        varlen_forward(q, k, v, cq, ck, problem, params, out=out, lse=lse, launch=launch)
+        assert launch.module is not None, "the launch fell back to pointer loads"
+        check_each_sequence(q, k, v, cq, ck, out, lse, options)
+
+
+@pytest.mark.gpu
 def test_repeated_packed_calls_keep_one_launch_and_read_each_calls_offsets():
     from fa2gen.runtime import dispatch
 
