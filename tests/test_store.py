@@ -506,3 +506,88 @@ def test_one_bad_entry_costs_the_shipped_file_that_entry_not_the_file(tmp_path, 
     assert any("ignoring 1 invalid entries" in str(w.message) for w in recwarn)
     with pytest.raises(RecordError, match="block_m"):
         parse(yaml.safe_dump(doc))
+
+
+# A writer process: puts one entry at a time, each for a device of its own, and prints its
+# name once the put has returned (committed).
+_WRITER = """
+import sys
+from fa2gen.generator.spec import TuningParams
+from fa2gen.store.buckets import Bucket
+from fa2gen.store.db import TunedDB
+from fa2gen.store.records import Entry, Measurement, Validity
+path, writer, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+db = TunedDB(path)
+bucket = Bucket("fwd", "bf16", 128, "causal", False, 1, 1024, 1024, 256)
+for i in range(count):
+    device = f"W{writer}_{i}"
+    m = Measurement(1.0, 0.98, 1.03, 400.0, 1e-3)
+    db.put([Entry(Validity(device, "9.0", "3.6.0"), bucket, TuningParams(), m, default_ms=1.5, trials=3)])
+    print(device, flush=True)
+"""
+
+
+def _writers(path, count, per_writer):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), str(w), str(per_writer)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for w in range(count)
+    ]
+
+
+def _stored_devices(path) -> set[str]:
+    con = sqlite3.connect(path)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return {r[0] for r in con.execute("SELECT device FROM tuned")}
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("writers", [4, 8])
+def test_concurrent_writer_processes_lose_no_row_and_never_see_a_lock(tmp_path, writers):
+    path = tmp_path / "t.sqlite"
+    TunedDB(path).dispose()  # the schema, as a first run makes it
+    procs = _writers(path, writers, 25)
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0 and "locked" not in err, err[-2000:]
+    written = {line for out, _ in outputs for line in out.split()}
+    assert len(written) == writers * 25
+    assert _stored_devices(path) == written
+
+
+def test_writers_killed_mid_write_lose_no_committed_row(tmp_path):
+    # SIGKILL at arbitrary points of four writers, six times over: every put that returned
+    # is in the file, and the file passes SQLite's integrity check.
+    import random
+    import signal
+    import time
+
+    path = tmp_path / "t.sqlite"
+    TunedDB(path).dispose()
+    rng = random.Random(0)
+    committed, kills = set(), 0
+    for round_ in range(6):
+        procs = _writers(path, 4, 10_000)
+        time.sleep(1.5 + rng.random())  # past their start-up, into their writes
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == -signal.SIGKILL
+            committed |= set(out.split())
+            kills += 1
+        stored = _stored_devices(path)
+        assert committed <= stored, f"round {round_}: {len(committed - stored)} committed rows lost"
+    assert kills == 24 and len(committed) > 24
