@@ -20,7 +20,7 @@ from fa2gen.runtime.defaults import bucket_default
 from fa2gen.store.buckets import Bucket
 from fa2gen.store.db import TunedDB
 from fa2gen.store.records import Validity
-from fa2gen.tuner.evaluate import CostModelEvaluator, representative_problem
+from fa2gen.tuner.evaluate import CostModelEvaluator, Rejected, representative_problem
 from fa2gen.tuner.grid import GridError, buckets_from_grid, default_buckets
 from fa2gen.tuner.run import TuneOptions, open_storage, tune
 from fa2gen.tuner.space import SPACES, local_moves, prune_reason, space_for
@@ -1081,3 +1081,61 @@ def test_varlen_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     for bad in ("fwd/bf16/d128/causal/sc0/g1/q8/k8/bh8/p16/varlen", "decode/bf16/d128/none/sc0/g1/q1/k8/bh8/varlen"):
         with pytest.raises(SpecError):
             Bucket.parse(bad)
+
+
+class _FaultAt(CostModelEvaluator):
+    """Cost model whose ``n``-th measurement breaks the device, as an illegal memory access
+    does (the real evaluator's ``_is_cuda_fault`` marks such errors fatal); ``measured``: the
+    candidates it timed."""
+
+    def __init__(self, n=None):
+        super().__init__(optimum=OPTIMUM)
+        self.n, self.faulted, self.measured = n, None, []
+
+    def measure(self, bucket, params):
+        if self.calls + 1 == self.n:
+            self.calls += 1
+            self.faulted = params
+            raise Rejected("RuntimeError: CUDA error: an illegal memory access was encountered", fatal=True)
+        self.measured.append(params)
+        return super().measure(bucket, params)
+
+
+@pytest.mark.parametrize(
+    "message, fatal",
+    [
+        ("CUDA error: an illegal memory access was encountered", True),
+        ("CUDA error: unspecified launch failure", True),
+        ("Triton Error [CUDA]: an illegal memory access was encountered", True),
+        ("out of resource: shared memory, Required: 262144, Hardware limit: 232448", False),
+        ("CUDA out of memory. Tried to allocate 2.00 GiB", False),
+    ],
+)
+def test_which_errors_break_the_device(message, fatal):
+    from fa2gen.tuner.evaluate import _is_cuda_fault
+
+    assert _is_cuda_fault(RuntimeError(message)) is fatal
+
+
+def test_a_device_fault_stops_the_run_and_the_resume_skips_its_candidate(tmp_path):
+    # A candidate that breaks the CUDA context stops the run (every later measurement would
+    # fail and prune good candidates); it is pruned for good, its round's other trials are
+    # queued again, and the resumed run never measures a finished trial again.
+    from fa2gen.tuner.evaluate import DeviceFault
+    from fa2gen.tuner.study import tune_bucket
+
+    storage = open_storage(f"sqlite:///{tmp_path / 's.sqlite'}")
+    space = space_for("sm90")
+    faulty = _FaultAt(5)
+    with pytest.raises(DeviceFault, match="illegal memory access"):
+        tune_bucket(B4K, faulty, space, storage=storage, name_prefix="t", trials=24, batch=8)
+    study = optuna.load_study(study_name=storage.get_all_studies()[0].study_name, storage=storage)
+    reasons = [t.user_attrs.get("prune_reason", "") for t in study.get_trials(states=(TrialState.PRUNED,))]
+    assert sum("illegal memory access" in r for r in reasons) == 1
+    assert study.get_trials(states=(TrialState.FAIL,)), "the round's other trials were not queued again"
+    assert faulty.faulted is not None and len(faulty.measured) == 4
+    resumed = _FaultAt()
+    r = tune_bucket(B4K, resumed, space, storage=storage, name_prefix="t", trials=24, batch=8)
+    assert r.trials == 24 and r.best is not None
+    assert faulty.faulted not in resumed.measured
+    assert not set(faulty.measured) & set(resumed.measured)
