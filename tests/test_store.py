@@ -230,15 +230,22 @@ def _read_as_another_user(folder, code: str):
         folder.chmod(0o755)
 
 
-def test_a_wal_database_in_a_folder_the_reader_cannot_write_is_read(tmp_path):
-    # A shared database tuned by an admin: WAL mode, no -shm beside it (its last writer
-    # closed cleanly), in a folder others cannot write. SQLite's read-only open needs to
-    # create the -shm file there, and failed: every entry was dropped with one warning.
+def _closed_wal_database(tmp_path):
+    """A folder holding t.sqlite with one entry, its writer closed: the log folded into the
+    file, the -shm file removed."""
     shared = tmp_path / "shared"
     shared.mkdir()
     writer = TunedDB(shared / "t.sqlite")
     writer.put([entry()])
-    writer.dispose()  # the last connection closes: the log is folded into the file, -shm removed
+    writer.dispose()
+    return shared
+
+
+def test_a_wal_database_in_a_folder_the_reader_cannot_write_is_read(tmp_path):
+    # A shared database tuned by an admin: WAL mode, no -shm beside it (its last writer
+    # closed cleanly), in a folder others cannot write. SQLite's read-only open needs to
+    # create the -shm file there, and failed: every entry was dropped with one warning.
+    shared = _closed_wal_database(tmp_path)
     assert sorted(p.name for p in shared.iterdir()) == ["t.sqlite"]
     before = (shared / "t.sqlite").read_bytes()
     code = (
@@ -256,11 +263,7 @@ def test_a_wal_database_in_a_folder_the_reader_cannot_write_is_read(tmp_path):
 
 
 def test_a_wal_database_with_pages_waiting_in_its_log_is_refused_in_one_line(tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    writer = TunedDB(shared / "t.sqlite")
-    writer.put([entry()])
-    writer.dispose()  # the last connection closes: the log is folded into the file, -shm removed
+    shared = _closed_wal_database(tmp_path)
     (shared / "t.sqlite-wal").write_bytes(b"\0" * 4096)  # pages the file does not hold yet
     code = (
         "from fa2gen.store.db import TunedDB, StoreError\n"

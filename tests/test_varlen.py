@@ -45,6 +45,14 @@ def check_each_sequence(q, k, v, cq, ck, out, lse, options):
         assert verdict.ok, f"sequence {i} ({q1 - q0} queries, {k1 - k0} keys): {verdict}"
 
 
+def forward_checked(q, k, v, cq, ck, problem, params, options, launch=None):
+    """varlen_forward into NaN-poisoned outputs, judged sequence by sequence."""
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((q.shape[1], q.shape[0]), float("nan"), device=q.device)
+    varlen_forward(q, k, v, cq, ck, problem, params, out=out, lse=lse, launch=launch)
+    check_each_sequence(q, k, v, cq, ck, out, lse, options)
+
+
 # lengths 0 and 1, queries longer and shorter than keys, totals that are no multiple of a block
 LENGTHS = [([5, 0, 1, 37, 19], [9, 3, 0, 37, 70]), ([1, 64, 33], [1, 64, 100])]
 
@@ -55,10 +63,7 @@ LENGTHS = [([5, 0, 1, 37, 19], [9, 3, 0, 37, 70]), ([1, 64, 33], [1, 64, 100])]
 def test_a_packed_batch_matches_each_sequence_alone(lengths, options):
     q, k, v, cq, ck = packed(*lengths, Hq=4, Hkv=2, D=72)
     problem = make_varlen_problem(q, k, v, cq, ck, max(lengths[0]), max(lengths[1]), **options)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((4, q.shape[0]), float("nan"))
-    varlen_forward(q, k, v, cq, ck, problem, select_params(problem, None), out=out, lse=lse)
-    check_each_sequence(q, k, v, cq, ck, out, lse, options)
+    forward_checked(q, k, v, cq, ck, problem, select_params(problem, None), options)
 
 
 @pytest.mark.interpreter
@@ -71,11 +76,8 @@ def test_in_kernel_descriptors_stop_at_each_sequences_end(options):
     problem = make_varlen_problem(q, k, v, cq, ck, max(lengths[0]), max(lengths[1]), **options)
     params = TuningParams(16, 32, 4, 1, "tma_device")
     launch = Launch(problem, params)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((4, q.shape[0]), float("nan"))
-    varlen_forward(q, k, v, cq, ck, problem, params, out=out, lse=lse, launch=launch)
+    forward_checked(q, k, v, cq, ck, problem, params, options, launch)
     assert launch.module is not None, "the launch fell back to pointer loads"
-    check_each_sequence(q, k, v, cq, ck, out, lse, options)
 
 
 @pytest.mark.interpreter
@@ -175,11 +177,8 @@ def test_in_kernel_descriptors_on_the_gpu_stop_at_each_sequences_end(D, options)
     problem = make_varlen_problem(q, k, v, cq, ck, max(lq), max(lk), **options)
     for params in (TuningParams(128, 64, 8, 2, "tma_device"), TuningParams(64, 64, 4, 3, "tma_device")):
         launch = Launch(problem, params)
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((8, q.shape[0]), float("nan"), device="cuda")
-        varlen_forward(q, k, v, cq, ck, problem, params, out=out, lse=lse, launch=launch)
+        forward_checked(q, k, v, cq, ck, problem, params, options, launch)
         assert launch.module is not None, "the launch fell back to pointer loads"
-        check_each_sequence(q, k, v, cq, ck, out, lse, options)
 
 
 @pytest.mark.gpu
