@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 import warnings
 
 import torch
@@ -160,7 +161,7 @@ def eager_attention(
                 remember_launch(("as-cache", *key), as_cache)
         run = functools.partial(attention_as_cache, q, k, v, as_cache.launch, alibi=alibi)
         index = q.device.index
-        out, lse = run() if index is None or index == torch.cuda.current_device() else _on_device(index, run)
+        out, lse = run() if index is None or index == _current_device() else _on_device(index, run)
     elif q.device.type == "cuda":
         launch, other = _cuda_launch(q, problem, launch, key)
         run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, alibi=alibi, dropout=dropout)
@@ -482,7 +483,7 @@ def eager_attention_with_kvcache(
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
         raise ValueError("attention_with_kvcache is forward only: its tensors must not require grad")
     if q.device.type == "cuda":
-        index, current = q.device.index, torch.cuda.current_device()
+        index, current = q.device.index, _current_device()
         if launch is None:
             info = cuda_device_info(current if index is None else index)
             launch = CacheLaunch(problem, select_params(problem, info, "decode"), info.sm_count)
@@ -566,7 +567,7 @@ def _cuda_launch(q, problem, launch, key):
     """The call's Launch, built, checked and remembered on the first call of its key (which
     holds the device), and the device index to switch to, or None when q's is current."""
     index = q.device.index
-    current = torch.cuda.current_device()
+    current = _current_device()
     if launch is None:
         info = cuda_device_info(current if index is None else index)
         if problem.kernel_spec().fp8 and info.capability < (8, 9):
@@ -587,6 +588,20 @@ def _warn_cpu() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+_thread = threading.local()
+
+
+def _current_device() -> int:
+    """torch's current CUDA device, its context made current in this thread on the thread's
+    first call: Triton builds host descriptors through the driver, which needs one, and a
+    thread that has run no CUDA operation yet has none (8 new threads' first calls failed)."""
+    index = torch.cuda.current_device()
+    if not getattr(_thread, "ready", False):
+        torch.cuda.set_device(index)
+        _thread.ready = True
+    return index
 
 
 def _on_device(index, fn, *args, **kwargs):
