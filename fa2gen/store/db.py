@@ -265,8 +265,8 @@ class TunedDB:
         if wal.exists() and wal.stat().st_size > 0:
             raise StoreError(
                 f"cannot read tuned database {self.path}: its folder is not writable here and its "
-                f"write-ahead log holds pages not yet in the file (its owner can run "
-                f"PRAGMA wal_checkpoint(TRUNCATE)) ({error})"
+                "write-ahead log holds pages not yet in the file (its owner can run "
+                "PRAGMA wal_checkpoint(TRUNCATE))"
             ) from error
         self.engine.dispose()
         self._target = self.path.resolve().as_uri() + "?immutable=1"
