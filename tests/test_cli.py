@@ -301,11 +301,17 @@ def test_tune_rejects_bad_options_before_anything_else(args, hint):
     assert r.exit_code == 2 and hint in r.output
 
 
-def test_import_rejects_bad_yaml(tmp_path):
+@pytest.mark.parametrize(
+    "text",
+    ["!!python/object/apply:os.system ['echo pwned']\n", "a: [\n", "a: b: c\n", "- x\n y: [1\n", "\t- tab\n"],
+    ids=["unsafe-tag", "unclosed", "nested-colon", "bad-indent", "tab"],
+)
+def test_import_rejects_bad_yaml_in_one_line(tmp_path, text):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    bad.write_text(text)
     r = runner.invoke(app, ["import", str(bad), "--db", str(tmp_path / "x.sqlite")])
     assert r.exit_code == 1 and "not valid YAML" in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
 
 
 def test_tune_refuses_without_gpu_or_bad_arch():

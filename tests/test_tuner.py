@@ -1139,3 +1139,29 @@ def test_a_device_fault_stops_the_run_and_the_resume_skips_its_candidate(tmp_pat
     assert r.trials == 24 and r.best is not None
     assert faulty.faulted not in resumed.measured
     assert not set(faulty.measured) & set(resumed.measured)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["unclosed", "unsafe-tag", "fifo", "directory", "not-a-mapping", "unknown-key"],
+)
+def test_a_broken_grid_file_is_one_line(tmp_path, kind):
+    from fa2gen.tuner.grid import read_grid
+
+    path = tmp_path / "grid.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.write_text(
+            {
+                "unclosed": "problems: [\n",
+                "unsafe-tag": "!!python/object/apply:os.system ['echo pwned']\n",
+                "not-a-mapping": "- 1\n- 2\n",
+                "unknown-key": "problems:\n  - dtypes: [bf16]\n    heads: [4]\n",
+            }[kind]
+        )
+    with pytest.raises(GridError) as raised:
+        read_grid(path)
+    assert len(str(raised.value).splitlines()) == 1, str(raised.value)

@@ -140,6 +140,14 @@ def _entry(raw, template_hashes: dict | None, header: dict, index: int) -> Entry
         raise RecordError(f"{where}: {e}") from None
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error in one line: its problem and where (PyYAML's own text spans several,
+    with the offending line quoted)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+
+
 def parse(text: str, *, lenient: bool = False) -> ConfigFile:
     """Validate YAML text into a ConfigFile; raises RecordError on anything off. ``lenient``:
     an invalid entry is left out (its reason in ``ConfigFile.skipped``) rather than failing the
@@ -158,7 +166,7 @@ def _parse(text: str, lenient: bool) -> ConfigFile:
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: never constructs objects
     except yaml.YAMLError as e:
-        raise RecordError(f"not valid YAML: {e}") from None
+        raise RecordError(f"not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise RecordError("top level must be a mapping")
     schema = data.get("schema")

@@ -34,7 +34,7 @@ import yaml
 from ..generator.spec import SpecError
 from ..store.buckets import MAX_BH, MAX_GROUP, MAX_PAGE, MAX_SEQ, Bucket, ceil_pow2
 from ..store.records import RecordError
-from ..store.yamlfile import read_text
+from ..store.yamlfile import read_text, yaml_problem
 
 _KEYS = {
     "directions",
@@ -205,7 +205,9 @@ def buckets_from_grid(grid: dict) -> list[Bucket]:
 def read_grid(path: str | Path) -> list[Bucket]:
     try:
         data = yaml.safe_load(read_text(path))
-    except (RecordError, yaml.YAMLError) as e:
+    except yaml.YAMLError as e:
+        raise GridError(f"cannot read grid {path}: not valid YAML: {yaml_problem(e)}") from None
+    except RecordError as e:
         raise GridError(f"cannot read grid {path}: {e}") from None
     return buckets_from_grid(data)
 
