@@ -207,9 +207,12 @@ def test_ptxas_performance_losses_are_reported():
 
 
 def test_packed_batch_defaults_compile_for_sm90():
-    """The varlen defaults on sm90 (pointer loads): the forward's without spills at the head dims
-    it is meant for; the backward's within the backward defaults' limit (its dense tiles spill
-    about as much: 264-564 B in dK/dV at D=64 and 128)."""
+    """The varlen defaults on sm90: the forward's pointer loads (D=64, windows) without spills;
+    at D=128 its in-kernel descriptors on 128 x 64 tiles with one warp group spill up to 80 B, and still
+    ran 0.82x the dense forward against the spill-free pointer loads' 0.74x (H100, bf16, 16k
+    tokens in sequences of 1 to 8k, same run): at most 128 B; the backward's within the
+    backward defaults' limit (its dense tiles spill about as much: 264-564 B in dK/dV at D=64
+    and 128)."""
     code = textwrap.dedent("""
         import json
         from fa2gen.generator.ahead import compile_for
@@ -228,7 +231,8 @@ def test_packed_batch_defaults_compile_for_sm90():
     assert r.returncode == 0, r.stderr[-3000:]
     for direction, d, mask, spills in json.loads(r.stdout.strip().splitlines()[-1]):
         if direction == "fwd":
-            assert spills == {"attn_fwd": 0}, (d, mask, spills)
+            allowed = 128 if (d, mask) == (128, "causal") else 0
+            assert set(spills) == {"attn_fwd"} and spills["attn_fwd"] <= allowed, (d, mask, spills)
         else:
             assert set(spills) == {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"}, spills
             assert spills["attn_bwd_delta"] == 0 and spills["attn_bwd_dq"] == 0, (d, mask, spills)

@@ -159,10 +159,11 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
         # At D=128, in-kernel descriptors (built per sequence) on 128 x 64 tiles with one warp
         # group ran 0.82x the dense kernel's TFLOP/s, 0.81x causal, against the pointer loads'
         # 0.74x and 0.72x (H100, bf16, 16k tokens in sequences of 1 to 8k, same run); at D=64
-        # pointer loads kept the lead (0.92x and 0.91x). Other head dims were not measured.
+        # pointer loads kept the lead (0.92x and 0.91x). Other head dims and windows were not
+        # measured (and the descriptors' tile spills 144 B under a window, 80 B causal).
         if arch != "sm90":
             params = params.replace(loads="pointer", persistent=0, gluon=0)
-        elif spec.head_dim == 128:
+        elif spec.head_dim == 128 and spec.mask != "local":
             params = _SM90_VARLEN_D128
         else:
             params = TuningParams(128, 64, 8, 3, "pointer")
