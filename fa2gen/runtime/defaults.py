@@ -72,12 +72,9 @@ _BWD_SM90_CAUSAL = [
     (64, float("inf"), TuningParams(block_m=128, block_n=32, num_warps=4, num_stages=3)),
     (128, 1024, TuningParams(block_m=64, block_n=16, num_warps=4, num_stages=3, loads="tma_host")),
 ]
-# Packed batches on sm90 at D=128 (H100, bf16, 16k tokens in sequences of 1 to 8k, same
-# run): the forward through in-kernel descriptors with one warp group (default_params); the
-# backward's 64 x 32 tiles with 4 warps ran 0.80x the dense backward's TFLOP/s, 0.74x causal,
-# against the dense default's 128 x 32 with 8 warps at 0.76x and 0.70x.
+# Packed batches' forward on sm90 at D=128, no window: in-kernel descriptors with one warp
+# group (default_params says why)
 _SM90_VARLEN_D128 = TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma_device")
-_SM90_VARLEN_BWD_D128 = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3)
 _BWD_AMPERE = [
     (64, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
     (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=2)),
@@ -124,8 +121,6 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     """The heuristic default for ``spec`` on ``arch`` ("cpu" means the interpreter)."""
     if spec.direction == "bwd":
         if spec.varlen:  # packed batches: the Triton template's pointer loads, dQ in its own kernel
-            if arch == "sm90" and spec.head_dim == 128:
-                return shrink_to_fit(spec, _SM90_VARLEN_BWD_D128, arch)
             dense = default_params(dataclasses.replace(spec, varlen=False), arch, seqlen_q)
             return shrink_to_fit(spec, dense.replace(loads="pointer", dq_mode="separate", gluon=0), arch)
         if arch == "cpu":
