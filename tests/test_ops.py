@@ -13,13 +13,12 @@ import fa2gen
 from fa2gen.runtime import ops  # noqa: F401  (registers the operators)
 from fa2gen.runtime.dropout import draw_seed
 
-pytestmark = pytest.mark.interpreter
-
 
 def leaves(*tensors):
     return tuple(t.detach().clone().requires_grad_() for t in tensors)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize(
     "shape, options",
     [
@@ -42,6 +41,7 @@ def test_opcheck_attention_and_its_backward(shape, options):
     torch.library.opcheck(torch.ops.fa2gen.attention_backward.default, args)
 
 
+@pytest.mark.interpreter
 def test_opcheck_fp8_varlen_and_kvcache():
     (q, k, v), descales = rand_fp8(1, 2, 2, 19, 23, 64)
     # (opcheck's schema test compares tensors with arithmetic that PyTorch lacks for fp8: the others)
@@ -78,6 +78,7 @@ class Layer(torch.nn.Module):
         return self.o(out.transpose(1, 2).reshape(b, n, -1))
 
 
+@pytest.mark.interpreter
 def test_compiled_layer_matches_eager_with_no_graph_break_and_one_dynamic_recompile():
     torch.manual_seed(0)
     layer = Layer()
@@ -101,6 +102,7 @@ def test_compiled_layer_matches_eager_with_no_graph_break_and_one_dynamic_recomp
     assert counters["stats"]["unique_graphs"] == 2
 
 
+@pytest.mark.interpreter
 def test_compiled_dropout_draws_a_seed_per_call_and_repeats_under_a_manual_seed():
     torch.manual_seed(1)
     layer = Layer()
@@ -115,6 +117,7 @@ def test_compiled_dropout_draws_a_seed_per_call_and_repeats_under_a_manual_seed(
     assert torch.equal(layer(x, 0.3), a)  # the same seeds as eager draws
 
 
+@pytest.mark.interpreter
 def test_compiled_varlen_and_kvcache_calls():
     q, k, v, cq, ck = packed([5, 0, 13], [7, 3, 13], Hq=4, Hkv=2, D=32, seed=3)
 
