@@ -31,6 +31,9 @@ def pytest_collection_modifyitems(config, items):
     gpu_ok = torch.cuda.is_available() and not INTERPRETING
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU with compiled (not interpreted) kernels")
     skip_interp = pytest.mark.skip(reason="needs TRITON_INTERPRET=1 (the default without a GPU)")
+    both = [item.nodeid for item in items if "gpu" in item.keywords and "interpreter" in item.keywords]
+    if both:  # skipped on every machine: a GPU run is never interpreted
+        raise pytest.UsageError(f"marked both gpu and interpreter, so never run: {both[:3]}")
     for item in items:
         if "gpu" in item.keywords and not gpu_ok:
             item.add_marker(skip_gpu)
