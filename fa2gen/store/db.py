@@ -248,15 +248,22 @@ class TunedDB:
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         try:
-            self._check_version() if readonly else self._migrate()
+            self._open()
+        except StoreError as e:
+            if not (readonly and _without_shared_memory(self.path)):
+                raise
+            self._open_immutable(e)
+
+    def _open(self) -> None:
+        """Check (read-only) or create and upgrade the schema; any failure as a StoreError."""
+        try:
+            self._check_version() if self.readonly else self._migrate()
         except StoreError:
             raise
         except Exception as e:  # a corrupt file or not a database at all
-            if not (readonly and _without_shared_memory(self.path)):
-                raise StoreError(f"cannot open tuned database {self.path}: {e}") from e
-            self._open_immutable(e)
+            raise StoreError(f"cannot open tuned database {self.path}: {e}") from e
 
-    def _open_immutable(self, error: Exception) -> None:
+    def _open_immutable(self, error: StoreError) -> None:
         """Read a write-ahead-log database whose folder this user cannot write (a shared,
         admin-tuned one): SQLite's readers need a -shm file beside it, which they cannot
         create there. Read the file as immutable instead, which needs none, where no
@@ -270,12 +277,7 @@ class TunedDB:
             ) from error
         self.engine.dispose()
         self._target = self.path.resolve().as_uri() + "?immutable=1"
-        try:
-            self._check_version()
-        except StoreError:
-            raise
-        except Exception as e:
-            raise StoreError(f"cannot open tuned database {self.path}: {e}") from e
+        self._open()
 
     def _migrate(self) -> None:
         with Session(self.engine) as session, session.begin():
