@@ -77,8 +77,9 @@ _BWD_SM90_CAUSAL = [
 _SM90_VARLEN_D128 = TuningParams(block_m=128, block_n=64, num_warps=4, num_stages=2, loads="tma_device")
 # ... and its backward at D=128: 64 x 32 with one warp group and three stages ran 0.77x the dense
 # backward without a mask and 0.74x causal, against the dense default tile's 0.74x and 0.68x
-# (H100, bf16, the same batch, one run; 64 x 64 with two stages ran within 2% of it). At D=64
-# the dense default's tile (128 x 32, 4 warps, 4 stages) led the same sweep: 0.80x and 0.79x.
+# (H100, bf16, the same batch, one run; 64 x 64 with two stages ran within 2% of it; windows
+# not measured). At D=64 the dense default's tile (128 x 32, 4 warps, 4 stages) led the same
+# sweep: 0.80x and 0.79x.
 _SM90_VARLEN_BWD_D128 = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3)
 _BWD_AMPERE = [
     (64, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
