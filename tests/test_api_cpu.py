@@ -14,6 +14,7 @@ from fa2gen.runtime.dispatch import clear_memo, select_params
 from fa2gen.runtime.launch import effective_params, tma_compatible
 from fa2gen.runtime.problem import make_problem
 from fa2gen.runtime.reference import attention_reference
+from fa2gen.runtime.varlen import batch_view
 
 
 @pytest.mark.interpreter
@@ -51,9 +52,18 @@ def test_batch_zero_returns_empty():
 def test_tma_falls_back_on_misaligned_tensors():
     q, k, v = rand_qkv(1, 2, 2, 16, 16, 64)
     assert tma_compatible(q, k, v)
-    flat = torch.randn(1 + 2 * 16 * 64).half()
-    shifted = flat[1:].view(1, 2, 16, 64)  # 2-byte offset base
+    flat = torch.randn(8 + 2 * 16 * 64).half()
+    shifted = flat[1:2049].view(1, 2, 16, 64)  # 2-byte offset base
     assert not tma_compatible(shifted)
+    # strides seen before with an aligned base: the base is still checked on every call
+    again = flat[8:].view(1, 2, 16, 64)
+    assert tma_compatible(again) and not tma_compatible(flat[1:2049].view(1, 2, 16, 64))
+    assert not tma_compatible(torch.randn(1, 2, 16, 60).half())  # rows of 120 bytes: no multiple of 16
+    assert not tma_compatible(q.transpose(-1, -2))  # columns not contiguous
+    # a packed batch's views (batch stride 0): only in-kernel descriptors, which step over it
+    packed = batch_view(q[0].transpose(0, 1).contiguous(), 3)
+    assert packed.stride()[:2] == (0, 64)
+    assert tma_compatible(packed, in_kernel=True) and not tma_compatible(packed)
     spec = KernelSpec(head_dim=64)
     for loads in ("tma_device", "tma_host"):
         p = TuningParams(loads=loads)

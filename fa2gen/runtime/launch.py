@@ -22,15 +22,23 @@ def tma_compatible(*tensors: torch.Tensor, in_kernel: bool = False) -> bool:
     """Whether every tensor can be addressed by a tensor descriptor. ``in_kernel``: by the
     forward's in-kernel descriptors, one per (batch, head) over rows and columns, whose batch
     and head strides only move the base: those may be 0 (a packed batch's views)."""
+    # (asked on every launch: a call's strides recur, its base address may not)
     for t in tensors:
-        size = t.element_size()
-        if t.data_ptr() % _ALIGN or t.stride(-1) != 1:
+        if t.data_ptr() % _ALIGN or not _strides_compatible(t.stride(), t.element_size(), in_kernel):
             return False
-        strides = t.stride()[:-1]
-        for i, s in enumerate(strides):
-            zero_ok = in_kernel and i < len(strides) - 1
-            if s < 0 or (s == 0 and not zero_ok) or (s * size) % _ALIGN:
-                return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _strides_compatible(strides: tuple[int, ...], size: int, in_kernel: bool) -> bool:
+    """``tma_compatible``'s test of one tensor's strides (elements of ``size`` bytes)."""
+    if strides[-1] != 1:
+        return False
+    outer = strides[:-1]
+    for i, s in enumerate(outer):
+        zero_ok = in_kernel and i < len(outer) - 1
+        if s < 0 or (s == 0 and not zero_ok) or (s * size) % _ALIGN:
+            return False
     return True
 
 
