@@ -172,16 +172,26 @@ def descriptor(t, box: list[int], layout=None):
     (``runtime.launch.tma_compatible``), which the constructor would check again: where the
     class allows, it is built field by field instead (about 2 us a descriptor, up to 11 a
     backward call)."""
+    return descriptor_maker(box, layout)(t)
+
+
+def descriptor_maker(box: list[int], layout=None):
+    """``descriptor`` for one box and layout, as a function of the tensor: the class, its other
+    fields and the box's check resolved once (a launch binds one per descriptor argument)."""
     gluon = layout is not None
     cls, defaults = _descriptor_class(gluon)
     if defaults is None:
-        return cls(t, list(t.shape), list(t.stride()), box, *((layout,) if gluon else ()))
+        extra = (layout,) if gluon else ()
+        return lambda t: cls(t, list(t.shape), list(t.stride()), box, *extra)
     check_box(tuple(box))
-    d = _new(cls)
-    d.__dict__.update(defaults, base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=box)
-    if gluon:
-        d.layout = layout
-    return d
+    fixed = {**defaults, "block_shape": box, **({"layout": layout} if gluon else {})}
+
+    def make(t):
+        d = _new(cls)
+        d.__dict__.update(fixed, base=t, shape=list(t.shape), strides=list(t.stride()))
+        return d
+
+    return make
 
 
 @functools.lru_cache(maxsize=None)

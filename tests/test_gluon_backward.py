@@ -368,13 +368,19 @@ def test_a_gluon_backward_call_builds_only_the_descriptors_its_kernels_read(monk
 
         return wrapper
 
-    made = compat.descriptor
+    maker = compat.descriptor_maker
 
-    def descriptor(t, box, layout=None):  # (the launch binds it when it first runs)
-        built["host descriptors" if layout is None else "Gluon descriptors"] += 1
-        return made(t, box, layout)
+    def descriptor_maker(box, layout=None):  # (the launch binds one per argument when it first runs)
+        make = maker(box, layout)
+        what = "host descriptors" if layout is None else "Gluon descriptors"
 
-    monkeypatch.setattr(compat, "descriptor", descriptor)
+        def made(t):
+            built[what] += 1
+            return make(t)
+
+        return made
+
+    monkeypatch.setattr(compat, "descriptor_maker", descriptor_maker)
     monkeypatch.setattr(
         gl.NVMMASharedLayout, "get_default_for", staticmethod(counted(gl.NVMMASharedLayout.get_default_for, "layouts"))
     )

@@ -173,7 +173,7 @@ def descriptor_maker(spec, kernel, gluon: bool):
             from ..generator.gluon import descriptor_layout
 
             layout = descriptor_layout(box, kernel.element(spec, name))
-        return functools.partial(compat.descriptor, box=list(box), layout=layout)
+        return compat.descriptor_maker(list(box), layout)
 
     return make
 
