@@ -10,13 +10,16 @@ from fa2gen.runtime import direct
 
 def test_the_signature_is_what_specialises_a_launch():
     t = torch.zeros(64, dtype=torch.float16)
-    base = direct.signature([t, 96, 1, 0.5, "descriptor"])
-    assert base == ((torch.float16, True), 96, 1, None, None)
-    assert direct.signature([t[8:], 96, 1, 0.5, "descriptor"]) == base  # 16 bytes on: still aligned
-    assert direct.signature([t[1:], 96, 1, 0.5, "descriptor"]) != base  # 2 bytes on: not
-    assert direct.signature([t.float(), 96, 1, 0.5, "descriptor"]) != base
-    assert direct.signature([t, 97, 1, 0.5, "descriptor"]) != base  # any int that differs
-    assert direct.signature([t, 96, 1, 0.25, "other descriptor"]) == base  # floats, descriptors: not
+    kept = direct.Signature([t, 96, 1, 0.5, "descriptor", t])
+    assert kept.kept == ((96, 1), [(torch.float16, True), (torch.float16, True)])
+    assert kept.matches([t[8:], 96, 1, 0.5, "descriptor", t])  # 16 bytes on: still aligned
+    assert not kept.matches([t, 96, 1, 0.5, "descriptor", t[1:]])  # 2 bytes on: not
+    assert not kept.matches([t.float(), 96, 1, 0.5, "descriptor", t])
+    assert not kept.matches([t, 97, 1, 0.5, "descriptor", t])  # any int that differs
+    assert not kept.matches([t, 96, 2, 0.5, "descriptor", t])
+    assert kept.matches([t, 96, 1, 0.25, "other descriptor", t])  # floats, descriptors: not
+    assert not kept.matches([t, 96, 1, 0.5, "descriptor"])  # (another binding)
+    assert direct.Signature([0.5, "descriptor"]).matches([0.25, "other"])  # no int, no tensor
 
 
 class _Kernel:
