@@ -274,9 +274,10 @@ def launch_hooked() -> bool:
     """Whether a launch hook (a profiler) is set: Triton's hooks are chains, empty unless
     something added to them; a hook set in their place is a plain callable."""
     runtime = _knobs().runtime
-    return any(
-        h is not None and bool(getattr(h, "calls", True)) for h in (runtime.launch_enter_hook, runtime.launch_exit_hook)
-    )
+    for h in (runtime.launch_enter_hook, runtime.launch_exit_hook):  # (asked on every direct launch)
+        if h is not None and getattr(h, "calls", True):
+            return True
+    return False
 
 
 @contextlib.contextmanager
