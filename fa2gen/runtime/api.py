@@ -149,7 +149,7 @@ def eager_attention(
         return _attention_fp8(q, k, v, problem, launch, key, (descale_q, descale_k, descale_v))
     no_descales(descale_q, descale_k, descale_v, q.dtype)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if q.device.type == "cuda" and not grad and serves_as_cache(problem):
+    if q.is_cuda and not grad and serves_as_cache(problem):
         # a few query tokens over long keys, no gradient: the decode kernels (runtime.kvcache)
         if as_cache is None and key is not None:  # (a gradient call of this shape kept the dense launch)
             as_cache = cached_launch(("as-cache", *key))
@@ -162,7 +162,7 @@ def eager_attention(
         run = functools.partial(attention_as_cache, q, k, v, as_cache.launch, alibi=alibi)
         index = q.device.index
         out, lse = run() if index is None or index == _current_device() else _on_device(index, run)
-    elif q.device.type == "cuda":
+    elif q.is_cuda:
         launch, other = _cuda_launch(q, problem, launch, key)
         run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, alibi=alibi, dropout=dropout)
         if other is not None:  # Triton launches on the current device
@@ -194,7 +194,7 @@ def eager_attention_backward(
         problem = launch.problem
     alibi = check_alibi(alibi_slopes, problem, q.device)
     dropout = (seed, dropout_p) if problem.dropout else None
-    if q.device.type == "cuda":
+    if q.is_cuda:
         launch, _ = _cuda_launch(q, problem, launch, key)  # (the forward's launch keeps the backward's)
         return run_backward(
             q, k, v, out, lse, dout, problem, deterministic, launch.backward, alibi=alibi, dropout=dropout
@@ -306,9 +306,9 @@ def _kept_varlen(
         _check_computable(q)
     else:  # an identical call (shapes, strides, dtypes, devices, options) passed validation before
         problem = kept.problem
-    if kept is None and (q.device.type == "cuda" or interpreting()):
+    if kept is None and (q.is_cuda or interpreting()):
         # the call shape's launches, kept for its next calls (CUDA)
-        index = _index(q) if q.device.type == "cuda" else None
+        index = _index(q) if q.is_cuda else None
         info = None if index is None else cuda_device_info(index)
         kept = _Varlen(problem, Launch(problem, select_params(problem, info)), [None], info)
         if key is not None:
@@ -342,7 +342,7 @@ def eager_attention_varlen(
     dropout = ((draw_seed(q.device) if seed is None else seed), dropout_p) if problem.dropout else None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if kept is not None:
-        index = _index(q) if q.device.type == "cuda" else None
+        index = _index(q) if q.is_cuda else None
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
         with contextlib.nullcontext() if index is None else torch.cuda.device(index):  # (Triton launches there)
             if grad:
@@ -482,7 +482,7 @@ def eager_attention_with_kvcache(
     alibi = check_alibi(alibi_slopes, problem, q.device)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
         raise ValueError("attention_with_kvcache is forward only: its tensors must not require grad")
-    if q.device.type == "cuda":
+    if q.is_cuda:
         index, current = q.device.index, _current_device()
         if launch is None:
             info = cuda_device_info(current if index is None else index)
@@ -549,7 +549,7 @@ def _attention_fp8(q, k, v, problem, launch, key, descales):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("fp8 attention is forward only: q, k and v must not require grad")
     descales = check_descales(problem, q.device, *descales)
-    if q.device.type == "cuda":
+    if q.is_cuda:
         launch, other = _cuda_launch(q, problem, launch, key)
         run = functools.partial(forward, q, k, v, problem, launch.params, launch=launch, descales=descales)
         out, lse = run() if other is None else _on_device(other, run)
@@ -641,7 +641,7 @@ def _tensors_key(tensors, options: tuple) -> tuple | None:
     None for those not given, after ``options``; None when the first is not a CUDA tensor or
     any is not a tensor (full validation then says what is wrong)."""
     try:
-        if tensors[0].device.type != "cuda":
+        if not tensors[0].is_cuda:
             return None
         key = list(options)
         for t in tensors:

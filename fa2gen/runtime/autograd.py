@@ -46,14 +46,14 @@ def run_backward(q, k, v, out, lse, dout, problem, deterministic: bool, launches
         launch = _backward_launch(q, problem, deterministic)
         if launches is not None:
             launches[deterministic] = launch
-    if q.device.type == "cuda" and q.get_device() != torch.cuda.current_device():
+    if q.is_cuda and q.get_device() != torch.cuda.current_device():
         with torch.cuda.device(q.get_device()):  # Triton launches on the current device
             return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
     return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
 
 
 def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
-    device = cuda_device_info(q.get_device()) if q.device.type == "cuda" else None  # (None: the interpreter)
+    device = cuda_device_info(q.get_device()) if q.is_cuda else None  # (None: the interpreter)
     params = select_params(problem, device, "bwd")
     if deterministic:  # atomics add in no fixed order: dQ in a kernel of its own
         if params.dq_mode == "atomic" and params.gluon:

@@ -325,7 +325,7 @@ class Launch:
                 given[f"stride_ds{t}_b"], given[f"stride_ds{t}_h"] = stride_b, stride_h
         if self._queue:
             given["TILES"] = tile_counter(q.device)
-        elif self.params.loads == "tma_device" and q.device.type == "cuda":
+        elif self.params.loads == "tma_device" and q.is_cuda:
             ensure_allocator()
         fn, binding, options = self.bound
         return fn, binding(given), options
