@@ -165,19 +165,14 @@ def _descriptor_class(gluon: bool):
 _new = object.__new__
 
 
-def descriptor(t, box: list[int], layout=None):
-    """A host tensor descriptor over the whole of ``t`` with ``box``-shaped blocks: Triton's,
-    or Gluon's where ``layout`` (``nvmma_layout``, part of its type) is given. Rows and columns
-    past ``t``'s extent read as zero. ``t`` must be 16-byte aligned in base and strides
-    (``runtime.launch.tma_compatible``), which the constructor would check again: where the
-    class allows, it is built field by field instead (about 2 us a descriptor, up to 11 a
-    backward call)."""
-    return descriptor_maker(box, layout)(t)
-
-
 def descriptor_maker(box: list[int], layout=None):
-    """``descriptor`` for one box and layout, as a function of the tensor: the class, its other
-    fields and the box's check resolved once (a launch binds one per descriptor argument)."""
+    """The maker of host tensor descriptors with ``box``-shaped blocks, as a function of the
+    tensor ``t``: a descriptor over the whole of ``t``, Triton's, or Gluon's where ``layout``
+    (``nvmma_layout``, part of its type) is given. Rows and columns past ``t``'s extent read as
+    zero. ``t`` must be 16-byte aligned in base and strides (``runtime.launch.tma_compatible``),
+    which the constructor would check again: where the class allows, it is built field by field
+    instead (about 2 us a descriptor, up to 11 a backward call). The class, its other fields
+    and the box's check are resolved once (a launch binds one maker per descriptor argument)."""
     gluon = layout is not None
     cls, defaults = _descriptor_class(gluon)
     if defaults is None:

@@ -61,7 +61,7 @@ def test_descriptors_built_field_by_field_equal_the_constructors(gluon):
     layout = compat.nvmma_layout(tuple(box), "fp16") if gluon else None
     cls, defaults = compat._descriptor_class(gluon)
     assert defaults is not None, "this Triton's descriptor has fields fa2gen does not know: update _FIELD_DEFAULTS"
-    built = compat.descriptor(t, box, layout)
+    built = compat.descriptor_maker(box, layout)(t)
     made = cls(t, list(t.shape), list(t.stride()), box, *((layout,) if gluon else ()))
     assert type(built) is cls
     for f in dataclasses.fields(cls):

@@ -466,14 +466,14 @@ def test_descriptors_built_field_by_field_equal_triton_constructed_ones():
     from fa2gen.generator.gluon import descriptor_layout
 
     t = torch.randn(2, 3, 96, 128, dtype=torch.float16).transpose(1, 2)
-    host = compat.descriptor(t, [1, 1, 64, 128])
+    host = compat.descriptor_maker([1, 1, 64, 128])(t)
     assert host == TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 128])
     layout = descriptor_layout((1, 1, 64, 128), "fp16")
-    made = compat.descriptor(t, [1, 1, 64, 128], layout)
+    made = compat.descriptor_maker([1, 1, 64, 128], layout)(t)
     assert made == GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, 128], layout)
     assert type(made) is GluonDescriptor and type(host) is TensorDescriptor
     with pytest.raises(ValueError, match="power of 2"):  # the box is still checked, once per box
-        compat.descriptor(t, [1, 1, 48, 128])
+        compat.descriptor_maker([1, 1, 48, 128])
 
 
 class _MathKernels(_Kernels):
