@@ -43,13 +43,15 @@ def check_cache_call(inputs, problem, out, lse, caches_after):
     assert verdict.ok, str(verdict)
 
 
-def run_cache(inputs, options, *, splits=None):
-    """The decode kernels on NaN-poisoned outputs, with ``splits`` forced (None: the default)."""
+def run_cache(inputs, options, *, splits=None, combine="kernel"):
+    """The decode kernels on NaN-poisoned outputs, with ``splits`` forced (None: the default) and
+    the partials combined by ``combine`` (a kernel of their own, or the last split)."""
     q, kc, vc, lens, table, k, v = inputs
     problem = make_kvcache_problem(q, kc, vc, lens, table, k, v, **options)
     arch = "cpu" if q.device.type == "cpu" else "sm90"
     streams = problem.batch * problem.heads_kv
     params = decode_default(problem.kernel_spec("decode"), arch, problem.seqlen_q * problem.group, streams)
+    params = params.replace(combine=combine)
     if splits is not None:
         params = params.replace(splits=splits)
     kc_after, vc_after = kc.clone(), vc.clone()
@@ -72,24 +74,30 @@ CASES = [
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("splits", [None, 1, 4], ids=["default", "one-split", "four-splits"])
+@pytest.mark.parametrize(
+    "splits, combine",
+    [(None, "kernel"), (1, "kernel"), (4, "kernel"), (None, "last"), (4, "last")],
+    ids=["default", "one-split", "four-splits", "default-last-combines", "four-splits-last-combines"],
+)
 @pytest.mark.parametrize(
     "case", CASES, ids=["contiguous-append1", "contiguous", "paged16", "paged32-append5", "paged16-long"]
 )
-def test_the_decode_kernels_match_the_reference(case, splits):
+def test_the_decode_kernels_match_the_reference(case, splits, combine):
     B, Sq, Hq, Hkv, D, cap, lengths, page, new = case
     inputs = cache_inputs(B, Sq, Hq, Hkv, D, cap, lengths, page=page, new=new, seed=sum(lengths))
     options = {"causal": True} if Sq > 1 else {}
-    problem, out, lse, after, launch = run_cache(inputs, options, splits=splits)
+    problem, out, lse, after, launch = run_cache(inputs, options, splits=splits, combine=combine)
     assert launch.splits == (splits or (3 if case is CASES[-1] else launch.splits))
+    assert launch.combine_last == (combine == "last" and launch.splits > 1)
     check_cache_call(inputs, problem, out, lse, after)
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("combine", ["kernel", "last"])
 @pytest.mark.parametrize("options", MASK_CASES, ids=str)
-def test_every_mask_over_a_split_paged_cache(options):
+def test_every_mask_over_a_split_paged_cache(options, combine):
     inputs = cache_inputs(2, 4, 4, 2, 32, 96, [50, 7], page=16, new=3, dtype=torch.bfloat16, seed=5)
-    problem, out, lse, after, _ = run_cache(inputs, options, splits=4)
+    problem, out, lse, after, _ = run_cache(inputs, options, splits=4, combine=combine)
     check_cache_call(inputs, problem, out, lse, after)
 
 
@@ -202,13 +210,52 @@ def test_the_split_count_fills_the_gpu_without_tiny_splits(batch, heads_kv, capa
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("page", [0, 16, 256], ids=["contiguous", "paged16", "paged256"])
 @pytest.mark.parametrize("sq, new", [(1, 1), (4, 0), (16, 16)], ids=["decode", "four", "sixteen"])
-def test_the_decode_kernels_on_the_gpu_mixing_lengths_0_1_and_4k(dtype, page, sq, new):
+@pytest.mark.parametrize("combine", ["kernel", "last"])
+def test_the_decode_kernels_on_the_gpu_mixing_lengths_0_1_and_4k(dtype, page, sq, new, combine):
     lengths = [0, 1, 4096 - new, 1999]
     inputs = cache_inputs(4, sq, 8, 2, 128, 4096, lengths, page=page, new=new, dtype=dtype, device="cuda", seed=sq)
     options = {"causal": True} if sq > 1 else {}
-    problem, out, lse, after, launch = run_cache(inputs, options)
+    problem, out, lse, after, launch = run_cache(inputs, options, combine=combine)
     assert launch.splits > 1  # four sequences of 2 k/v heads leave most SMs to the splits
     check_cache_call(inputs, problem, out, lse, after)
+
+
+@pytest.mark.gpu
+def test_the_last_split_combines_under_graph_replay_and_leaves_its_counts_at_zero():
+    """Splits combined by the one that finishes last count in a buffer they leave at zero: a
+    graph captured once replays right on new cache contents, and so do eager calls after it."""
+    from fa2gen.runtime.launch import zero_counters
+
+    inputs = cache_inputs(2, 1, 32, 8, 128, 8192, [8191, 3000], new=1, dtype=torch.bfloat16, device="cuda", seed=3)
+    q, kc, vc, lens, table, k, v = inputs
+    problem = make_kvcache_problem(*inputs)
+    params = decode_default(problem.kernel_spec("decode"), "sm90", 4, 16).replace(splits=16, combine="last")
+    launch = CacheLaunch(problem, params, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert launch.combine_last
+    out = torch.empty_like(q)
+    lse = torch.empty(2, 32, 1, device="cuda")
+    caches = kc.clone(), vc.clone()
+    cache_forward(q, *caches, lens, table, k, v, problem, params, launch=launch, out=out, lse=lse)  # (compiles)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cache_forward(q, *caches, lens, table, k, v, problem, params, launch=launch, out=out, lse=lse)
+    for seed in range(3):
+        fresh = cache_inputs(
+            2, 1, 32, 8, 128, 8192, [8191, 3000], new=1, dtype=torch.bfloat16, device="cuda", seed=seed
+        )
+        for static, new in zip((q, *caches, lens, table, k, v), fresh):
+            if static is not None:
+                static.copy_(new)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_cache_call(fresh, problem, out, lse, caches)
+    out.fill_(float("nan"))
+    caches = kc.clone(), vc.clone()
+    cache_forward(q, *caches, lens, table, k, v, problem, params, launch=launch, out=out, lse=lse)
+    torch.cuda.synchronize()
+    check_cache_call((q, kc, vc, lens, table, k, v), problem, out, lse, caches)
+    assert not zero_counters(q.device, 1).any()
 
 
 @pytest.mark.gpu
@@ -263,6 +310,7 @@ def test_the_decode_space_is_the_triton_templates_pointer_loads():
     points = param_space(spec)
     assert points and {(p.gluon, p.loads, p.persistent, p.dq_mode) for p in points} == {(0, "pointer", 0, "separate")}
     assert {p.splits for p in points} == {0, 1, 2, 4, 8, 16, 32, 64, 128}
+    assert {p.combine for p in points} == {"kernel", "last"}
     assert unsupported(spec, points[0].replace(gluon=1)) == "no decode template renders gluon=1"
 
 

@@ -15,7 +15,7 @@ from ..generator.descriptors.attn_decode import combine_warps
 from ..generator.spec import TuningParams, next_pow2
 from . import direct
 from .defaults import decode_splits
-from .launch import _sm_count, bound, window_extents
+from .launch import _sm_count, bound, window_extents, zero_counters
 from .problem import Problem
 from .reference import attention_reference
 
@@ -24,15 +24,18 @@ class CacheLaunch:
     """The launches of one call shape over a cache: the split count, grids and the numbers of
     the call, fixed once; built by ``attention_with_kvcache`` and kept for its calls."""
 
-    __slots__ = ("problem", "params", "spec", "kernels", "splits", "grids", "fixed", "bound", "_direct")
+    __slots__ = ("problem", "params", "spec", "kernels", "splits", "combine_last", "grids", "fixed", "bound", "_direct")
 
     def __init__(self, problem: Problem, params: TuningParams, sm_count: int):
         self.problem, self.params = problem, params
         self.spec = spec = problem.kernel_spec("decode")
         append, decode, combine = template_of(spec, params).kernels(spec, params)
         self.splits = splits = decode_splits(problem, params, sm_count)
-        # the split count is the launch's: whether partials are written, and the combine's tile
-        decode = dataclasses.replace(decode, constexprs={**decode.constexprs, "SPLIT": int(splits > 1)})
+        # the split count is the launch's: whether partials are written, who combines them, and
+        # the combine kernel's tile
+        self.combine_last = splits > 1 and params.combine == "last"
+        flags = {"SPLIT": int(splits > 1), "COMBINE_LAST": int(self.combine_last)}
+        decode = dataclasses.replace(decode, constexprs={**decode.constexprs, **flags})
         pad = next_pow2(splits)
         warps = combine_warps(pad, spec.head_dim_padded)
         combine = dataclasses.replace(
@@ -98,8 +101,13 @@ class CacheLaunch:
             given["O_PART"], given["LSE_PART"] = parts[: rows * p.head_dim], parts[rows * p.head_dim :]
         else:  # (the kernel writes the output itself and never reads these)
             given["LSE_PART"] = given["O_PART"] = lse
+        if self.combine_last:  # a count of finished splits per tile
+            tiles = self.grids[1][0] * self.grids[1][1]
+            given["COUNTS"] = zero_counters(q.device, tiles) if q.is_cuda else torch.zeros(tiles, dtype=torch.int32)
+        else:  # (never read)
+            given["COUNTS"] = cache_seqlens
         launch("attn_decode", fn, self.grids[1], args(given), opts)
-        if self.splits > 1:
+        if self.splits > 1 and not self.combine_last:
             launch("combine", combine_fn, self.grids[2], combine_args(given), combine_opts)
 
 

@@ -141,23 +141,26 @@ def window_extents(problem: Problem) -> tuple[int, int]:
     return left, right
 
 
-_TILE_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 
 
-def tile_counter(device: torch.device) -> torch.Tensor:
-    """The causal persistent Gluon forward's tile counter on ``device``'s current stream: two
-    int32 zeros that its programs count up and its last program sets back to zero. Kernels of
-    one stream run in turn, so they share one; two streams could run two kernels at once, so
-    each stream has its own. Under graph capture each launch gets a counter of its own, whose
-    zero fill the graph replays before it: a cached one first made during capture would be
-    filled only on replay, and every graph is captured on one stream."""
+def zero_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` int32 zeros on ``device``'s current stream, for a kernel whose programs
+    count up in them and whose last program sets them back to zero: the causal persistent Gluon
+    forward's tile counter, the decode kernel's counts of finished splits. Kernels of one
+    stream run in turn, so they share one buffer; two streams could run two kernels at once,
+    so each stream has its own. Under graph capture each launch gets zeros of its own, whose
+    fill the graph replays before it: a buffer first made during capture would be filled only
+    on replay, and every graph is captured on one stream."""
     if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(2, dtype=torch.int32, device=device)
+        return torch.zeros(n, dtype=torch.int32, device=device)
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    counter = _TILE_COUNTERS.get(key)
-    if counter is None:
-        counter = _TILE_COUNTERS.setdefault(key, torch.zeros(2, dtype=torch.int32, device=device))
-    return counter
+    counters = _COUNTERS.get(key)
+    if counters is None or counters.numel() < n:  # (a larger one replaces it: both are zero)
+        counters = _COUNTERS[key] = torch.zeros(
+            max(n, 2 * (0 if counters is None else counters.numel())), dtype=torch.int32, device=device
+        )
+    return counters
 
 
 def descriptor_maker(spec, kernel, gluon: bool):
@@ -324,7 +327,7 @@ class Launch:
                 given[f"DESCALE_{t.upper()}"] = factor
                 given[f"stride_ds{t}_b"], given[f"stride_ds{t}_h"] = stride_b, stride_h
         if self._queue:
-            given["TILES"] = tile_counter(q.device)
+            given["TILES"] = zero_counters(q.device, 2)
         elif self.params.loads == "tma_device" and q.is_cuda:
             ensure_allocator()
         fn, binding, options = self.bound

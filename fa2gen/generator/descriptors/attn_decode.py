@@ -36,6 +36,14 @@ class AttnDecode(Template):
             "runtime.defaults.decode_splits)",
             searched={"sm90": (0, 1, 2, 4, 8, 16, 32, 64)},
         ),
+        Knob(
+            "combine",
+            values=("kernel", "last"),
+            default="kernel",
+            help="where split partials are combined: a kernel of their own, or the split of each "
+            "tile that finishes last (one launch fewer)",
+            searched={"sm90": ("kernel", "last")},
+        ),
     )
 
     def flags(self, spec, params, triton):
@@ -54,8 +62,9 @@ class AttnDecode(Template):
 
     def kernels(self, spec, params):
         """append_kv, attn_decode and attn_decode_combine. SPLIT (whether attn_decode writes
-        partials) and SPLITS_PAD (the combine's padded split count) are the launch's: it
-        chooses the number of splits (``runtime.kvcache``)."""
+        partials), COMBINE_LAST (whether its last split combines them) and SPLITS_PAD (the
+        combine's padded split count) are the launch's: it chooses the number of splits
+        (``runtime.kvcache``)."""
         dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
         table = tensors("BLOCK_TABLE", "i32") if spec.paged else ()
@@ -79,7 +88,7 @@ class AttnDecode(Template):
             tensors("Q K V")
             + tensors("O", "out")
             + tensors("LSE O_PART LSE_PART", "fp32")
-            + tensors("CACHE_SEQLENS", "i32")
+            + tensors("COUNTS CACHE_SEQLENS", "i32")
             + table
             + strides("Q", "stride_qb stride_qs stride_qh")
             + cache
@@ -89,7 +98,7 @@ class AttnDecode(Template):
             + floats("sm_scale softcap")
             + ints("win_left win_right")
             + alibi_args(spec),
-            {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n, "SPLIT": 1},
+            {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n, "SPLIT": 1, "COMBINE_LAST": 0},
             options,
         )
         combine = Kernel(
