@@ -13,27 +13,34 @@ from .device import cuda_device_info
 from .dispatch import select_params
 
 
+class _Call:
+    """One differentiable call: what its backward needs beyond the saved tensors, and the
+    forward's LSE, handed back beside autograd (it is not differentiable)."""
+
+    __slots__ = ("problem", "run_forward", "deterministic", "launches", "alibi", "dropout", "lse")
+
+
 class AttentionFunction(torch.autograd.Function):
-    """Differentiable in q, k and v. The log-sum-exp output is not differentiable."""
+    """Differentiable in q, k and v; the output alone goes through autograd. (One argument
+    beyond the tensors, one output and one attribute on ctx: each costs apply() time on every
+    call.)"""
 
     @staticmethod
-    def forward(ctx, q, k, v, problem, run_forward, deterministic, launches, alibi, dropout):
-        out, lse = run_forward()
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.problem, ctx.alibi, ctx.dropout = problem, alibi, dropout
-        ctx.deterministic = deterministic
-        ctx.launches = launches
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+    def forward(ctx, q, k, v, call: _Call):
+        out, call.lse = call.run_forward()
+        ctx.save_for_backward(q, k, v, out, call.lse)
+        ctx.call = call
+        return out
 
     @staticmethod
     @once_differentiable  # the backward kernels have no backward: double backward raises, never lies
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
+        c = ctx.call
         grads = run_backward(
-            q, k, v, out, lse, dout, ctx.problem, ctx.deterministic, ctx.launches, alibi=ctx.alibi, dropout=ctx.dropout
+            q, k, v, out, lse, dout, c.problem, c.deterministic, c.launches, alibi=c.alibi, dropout=c.dropout
         )
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None)
 
 
 def run_backward(q, k, v, out, lse, dout, problem, deterministic: bool, launches: dict | None, *, alibi, dropout):
@@ -74,5 +81,10 @@ def differentiable(
     for the backward (the slopes get no gradient); ``dropout``: the forward's (seed, dropout_p),
     whose mask the backward draws again."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return AttentionFunction.apply(q, k, v, problem, run, deterministic, launches, alibi, dropout)
+        call = _Call()
+        call.problem, call.run_forward, call.deterministic = problem, run, deterministic
+        call.launches, call.alibi, call.dropout = launches, alibi, dropout
+        out = AttentionFunction.apply(q, k, v, call)
+        lse, call.lse = call.lse, None  # (the saved tensors keep it for the backward)
+        return out, lse
     return run()
