@@ -17,6 +17,7 @@ from fa2gen.generator.arch import fits
 from fa2gen.generator.descriptors.attn_fwd_gluon import (
     GLUON_CANDIDATES,
     GLUON_FP8_CANDIDATES,
+    AttnFwdGluon,
     gluon_k_stages,
     gluon_overlap,
 )
@@ -45,6 +46,10 @@ WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma
         (KernelSpec(head_dim=64), WS1.replace(gluon=2), "two 64-row warp groups"),
         (KernelSpec(head_dim=64), WS2.replace(num_warps=4), "compute warps"),
         (KernelSpec(head_dim=64), WS1.replace(num_stages=1), "num_stages >= 2"),
+        (KernelSpec(head_dim=64), WS1.replace(loads="tma_device"), "dense tensors through loads=tma_host"),
+        (KernelSpec(head_dim=64, varlen=True), WS1, "plain grid"),
+        (KernelSpec(head_dim=64, varlen=True), WS1.replace(loads="pointer"), "packed batch through loads=tma_device"),
+        (KernelSpec(head_dim=64, varlen=True), WS2.replace(loads="tma_device", persistent=1), "plain grid"),
     ],
 )
 def test_rules_name_what_the_gluon_forward_cannot_do(spec, params, match):
@@ -132,6 +137,41 @@ def test_renders_readable_gluon_with_its_knobs_and_launch():
     assert [a.arg for a in kernel.args.args][:8] == ["Q", "K", "V", "O", "LSE", "DESCALE_Q", "DESCALE_K", "DESCALE_V"]
 
 
+def test_a_packed_batch_builds_each_sequences_descriptors_in_the_partitions_that_use_them():
+    """Host descriptors span the packed tensor (a box would cross into the next sequence): the
+    packed form takes pointers and strides, and the loader (Q, K, V) and each compute partition
+    (O) build descriptors over one sequence's rows, fenced for the warps that built them."""
+    spec = KernelSpec(dtype="bf16", head_dim=128, mask="causal", varlen=True)
+    params = WS2.replace(loads="tma_device", num_stages=3)
+    src = render(spec, params, name=Variant(spec, params).name)
+    kernel = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "attn_fwd")
+    names = [a.arg for a in kernel.args.args]
+    assert names[:5] == ["Q", "K", "V", "O", "LSE"] and names.index("CU_Q") < names.index("Hq") < names.index("Tq")
+    [k] = AttnFwdGluon().kernels(spec, params)
+    runtime = [n for n in names if n not in k.constexprs and n != "num_warps"]
+    assert k.boxes == {} and [a.name for a in k.args] == runtime
+    loader, compute = (src.split(f"def {f}(")[1].split("\n@gluon")[0] for f in ("_loader", "_compute"))
+    assert loader.count("_sequence(") == 3 and compute.count("_sequence(") == 1
+    assert "tma.make_tensor_descriptor" not in kernel_body(src) and "Tq + q0 + rows" in compute
+    dense = render(KernelSpec(dtype="bf16", head_dim=128, mask="causal"), WS2, name="x")
+    assert "_sequence" not in dense and "make_tensor_descriptor" not in dense
+    # the tuner's packed spaces hold the Gluon kernels (the forward's plain grid), descriptors built in them
+    space = space_for("sm90", "fwd", varlen=True)
+    assert (
+        space.gluon == (0, 1, 2)
+        and space.persistent == (0,)
+        and space_for("sm90", "bwd", varlen=True).gluon == (0, 1, 2)
+    )
+    bucket = Bucket("fwd", "bf16", 128, "causal", False, 1, 8192, 8192, 16, varlen=True)
+    assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [
+        p.replace(loads="tma_device") for p in GLUON_CANDIDATES if not p.persistent
+    ]
+
+
+def kernel_body(src: str) -> str:
+    return src.split("\ndef attn_fwd(")[1]
+
+
 def test_the_softmax_runs_under_p_at_v_only_where_it_measured_faster():
     # notebook v59c: that schedule hands a V slot back a step later, which two stages cannot
     # spare (4-8% slower there) and three can with two partitions on 128 x 128 tiles (4-6.5%
@@ -213,13 +253,14 @@ _CHILD = textwrap.dedent(r"""
     from fa2gen.generator.arch import smem_estimate
     from fa2gen.generator.descriptors.attn_fwd_gluon import gluon_overlap, gluon_wide
     from fa2gen.generator.spec import KernelSpec, unsupported
-    from fa2gen.generator.descriptors.attn_fwd_gluon import GLUON_CANDIDATES, GLUON_FP8_CANDIDATES
+    from fa2gen.generator.descriptors.attn_fwd_gluon import AttnFwdGluon
     import re
     from fa2gen.generator import sass as sass_loops  # its count of exponentials under a wgmma in flight
     out = []
     for spec in (KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="bf16", head_dim=128, mask="causal"),
-                 KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")):
-        for params in GLUON_CANDIDATES + (GLUON_FP8_CANDIDATES if spec.fp8 else ()):
+                 KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal"),
+                 KernelSpec(dtype="bf16", head_dim=128, mask="causal", varlen=True)):
+        for params in AttnFwdGluon().candidates(spec):
             if unsupported(spec, params):  # three programs an SM: D=64 only
                 continue
             (name, kernel), = compiled_kernels(spec, params, "sm90")
@@ -264,7 +305,9 @@ SPILL_ALLOWED = {
 def test_compiles_for_sm90_without_spills():
     got = compiled_child(_CHILD)
     at_d64 = [p for p in GLUON_CANDIDATES if p.persistent == 3]  # compiled for the D=64 spec alone
-    assert at_d64 and len(got) == 3 * len(GLUON_CANDIDATES) - 2 * len(at_d64) + len(GLUON_FP8_CANDIDATES)
+    plain = [p for p in GLUON_CANDIDATES if not p.persistent]  # a packed batch's
+    assert at_d64 and len(got) == 3 * len(GLUON_CANDIDATES) - 2 * len(at_d64) + len(GLUON_FP8_CANDIDATES) + len(plain)
+    assert sum("tma_device" in k["label"] for k in got) == len(plain)
     for k in got:
         # warp-specialised (registers moved between partitions), asynchronous wgmma with one
         # group left in flight (but on fp8's 256-key steps, whose matmuls take turns), nothing

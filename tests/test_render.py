@@ -129,7 +129,7 @@ def test_backward_points_render_and_parse(mask):
             assert ("tl.atomic_add" in body) == (dq_mode == "atomic")
             assert ("DQACC.atomic_add(" in body) == (dq_mode == "tma_reduce")
         assert ".load([b, h, start_m, 0])" in next(iter(bodies["tma_host", "separate"]))
-        with pytest.raises(SpecError, match="not in-kernel descriptors"):
+        with pytest.raises(SpecError, match="in the Gluon kernels of a packed batch only"):
             render(spec, TuningParams(loads="tma_device"), name="x")
     with pytest.raises(SpecError, match="backward knob"):
         render(KernelSpec(head_dim=64), TuningParams(dq_mode="atomic"), name="x")

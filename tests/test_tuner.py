@@ -151,7 +151,7 @@ def test_static_rules():
     assert "shared memory" in prune_reason(SPACES["sm86"], KernelSpec(head_dim=128), B4K, sm86)
     assert prune_reason(SPACES["sm90"], KernelSpec(head_dim=128), B4K, sm86) is None
     bwd, bwd_short = KernelSpec(direction="bwd"), Bucket("bwd", "fp16", 64, "none", False, 1, 32, 32, 64)
-    assert "not in-kernel descriptors" in prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 2, "tma_device"))
+    assert "of a packed batch only" in prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 2, "tma_device"))
     assert "longest sequence" in prune_reason(space, bwd, bwd_short, TuningParams(64, 32, 4, 2, "pointer"))
     assert prune_reason(space, bwd, B4K, TuningParams(128, 32, 4, 3, "pointer")) is None
     bspace = space_for("sm90", "bwd")
@@ -1052,10 +1052,11 @@ def test_decode_grid_pages_and_representative_problem():
 
 
 def test_varlen_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
-    """Packed-batch buckets: their own grid entries and keys, a space of the varlen form's
-    choices only (pointer loads, plain grid, dQ in its own kernel), FLOPs of the sequences they
-    are timed on, and stored winners that attention_varlen's lookup finds for a packed call of
-    the bucket, never for a dense call of the same sizes."""
+    """Packed-batch buckets: their own grid entries and keys, a space of the varlen forms'
+    choices only (pointer loads or the Gluon kernels' in-kernel descriptors, plain grid, dQ in
+    its own kernel), FLOPs of the sequences they are timed on, and stored winners that
+    attention_varlen's lookup finds for a packed call of the bucket, never for a dense call of
+    the same sizes."""
     from fa2gen.runtime.device import DeviceInfo
     from fa2gen.runtime.lookup import choose
     from fa2gen.tuner.evaluate import flops, varlen_lengths
@@ -1069,7 +1070,12 @@ def test_varlen_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     optimum = TuningParams(64, 32, 4, 3)
     db, storage, ev, [r] = _tune(tmp_path, [bucket], trials=20, evaluator=CostModelEvaluator(optimum=optimum))
     assert r.best is not None and db.get(VALID, bucket).params == r.best
-    assert {(p.loads, p.dq_mode, p.gluon, p.persistent) for p in ev.compiled} == {("pointer", "separate", 0, 0)}
+    # the Triton template's pointer loads, and the Gluon kernels' candidates (descriptors built in them)
+    assert {(p.loads, p.dq_mode, p.gluon, p.persistent) for p in ev.compiled} == {
+        ("pointer", "separate", 0, 0),
+        ("tma_device", "separate", 1, 0),
+        ("tma_device", "separate", 2, 0),
+    }
     problem = representative_problem(bucket)
     assert problem.varlen and problem.total_q == 5120 and Bucket.of(problem, "bwd") == bucket
     device = DeviceInfo(name="TEST_GPU", capability=(9, 0), arch="sm90", sm_count=132)

@@ -7,11 +7,13 @@ from helpers import MASK_CASES
 
 import fa2gen
 from fa2gen.bench.correctness import ATOL, check_forward
-from fa2gen.generator.spec import TuningParams
+from fa2gen.generator.descriptors.attn_bwd_gluon import AttnBwdGluon
+from fa2gen.generator.spec import KernelSpec, TuningParams
+from fa2gen.runtime.backward import BackwardLaunch
 from fa2gen.runtime.dispatch import select_params
 from fa2gen.runtime.launch import Launch
 from fa2gen.runtime.problem import make_problem, make_varlen_problem
-from fa2gen.runtime.varlen import varlen_forward, varlen_reference
+from fa2gen.runtime.varlen import varlen_backward, varlen_forward, varlen_reference
 
 
 def packed(lengths_q, lengths_k, Hq, Hkv, D, dtype=torch.float16, device="cpu", seed=0):
@@ -179,6 +181,71 @@ def test_in_kernel_descriptors_on_the_gpu_stop_at_each_sequences_end(D, options)
         launch = Launch(problem, params)
         forward_checked(q, k, v, cq, ck, problem, params, options, launch)
         assert launch.module is not None, "the launch fell back to pointer loads"
+
+
+GLUON_VARLEN = [
+    TuningParams(128, 128, 8, 3, "tma_device", gluon=2),
+    TuningParams(128, 128, 8, 2, "tma_device", gluon=2),
+    TuningParams(128, 64, 8, 3, "tma_device", gluon=2),
+    TuningParams(64, 64, 4, 3, "tma_device", gluon=1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("options", [{}, {"causal": True}], ids=str)
+@pytest.mark.parametrize("params", GLUON_VARLEN, ids=lambda p: p.label())
+def test_the_gluon_forward_on_a_packed_batch(D, options, params):
+    """Each call's descriptors cover its own sequences: two calls of one launch with other
+    offsets (a descriptor built in the kernel lives where the last call's did) are both right.
+    Lengths 0 and 1, a sequence without keys, more queries than keys, GQA, a sequence past 4k."""
+    # (one packed total for both calls: a launch is built for one)
+    batches = [([0, 1, 4096, 777, 1, 333], [5, 1, 4096, 1000, 0, 129]), ([300, 4100, 0, 800, 7, 1], [300, 4000, 7, 900, 0, 24])]
+    launch = None
+    for seed, (lq, lk) in enumerate(batches):
+        q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=D, dtype=torch.bfloat16, device="cuda", seed=seed)
+        problem = make_varlen_problem(q, k, v, cq, ck, 4100, 4096, **options)
+        launch = launch or Launch(problem, params)
+        forward_checked(q, k, v, cq, ck, problem, params, options, launch)
+        assert launch.module is not None, "the launch fell back from the Gluon kernel"
+
+
+def backward_checked(q, k, v, cq, ck, problem, params, dout, launch):
+    """varlen_backward with ``params`` into NaN-poisoned gradients, from the fp32 reference's
+    output and LSE, judged by flash-attention's rule against the fp32 reference's gradients."""
+    exact = [t.float().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = varlen_reference(*exact, cq, ck, problem)
+    ref_out.backward(dout.float())
+    base = [t.clone().requires_grad_() for t in (q, k, v)]
+    varlen_reference(*base, cq, ck, problem, compute_dtype=q.dtype)[0].backward(dout)
+    grads = {n: torch.full_like(t, float("nan")) for n, t in zip(("dq", "dk", "dv"), (q, k, v))}
+    out = ref_out.detach().to(q.dtype)
+    varlen_backward(q, k, v, out, ref_lse.detach(), dout, cq, ck, problem, launch, **grads)
+    for (name, got), ref, pytorch in zip(grads.items(), exact, base):
+        err = (got.float() - ref.grad).abs().max().item()
+        allowed = 2 * (pytorch.grad.float() - ref.grad).abs().max().item() + ATOL
+        assert err <= allowed, f"{name}: error {err:.2e} > {allowed:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("options", [{}, {"causal": True}], ids=str)
+@pytest.mark.parametrize(
+    "params", AttnBwdGluon().candidates(KernelSpec(direction="bwd", head_dim=128, varlen=True)), ids=lambda p: p.label()
+)
+def test_the_gluon_backward_on_a_packed_batch(D, options, params):
+    """dK, dV (and dQ with gluon=2) by the Gluon kernels on descriptors built per sequence: keys
+    of a sequence without queries get zero gradients, queries without keys too; two calls of one
+    launch with other offsets."""
+    batches = [([0, 1, 4096, 777, 1, 333], [5, 1, 4096, 1000, 0, 129]), ([300, 4100, 0, 800, 7, 1], [300, 4000, 7, 900, 0, 24])]
+    launch = None
+    for seed, (lq, lk) in enumerate(batches):
+        q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=D, dtype=torch.bfloat16, device="cuda", seed=seed)
+        problem = make_varlen_problem(q, k, v, cq, ck, 4100, 4096, **options)
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).cuda()
+        launch = launch or BackwardLaunch(problem, params)
+        backward_checked(q, k, v, cq, ck, problem, params, dout, launch)
+        assert launch._fallback is None, "the launch fell back from the Gluon kernels"
 
 
 @pytest.mark.gpu

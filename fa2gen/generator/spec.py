@@ -314,8 +314,12 @@ def triton_part(params: TuningParams) -> TuningParams:
     """The Triton template's params for the kernels a Gluon backward variant leaves to it, on
     the same tiles: delta, and dQ's kernel, or with the one pass (dq_mode atomic) the pass
     that scales and casts its sums."""
-    # (the Gluon template's own knobs stay with it)
-    return params.replace(gluon=0, dq_mode="atomic" if params.dq_mode == "atomic" else "separate", extra=())
+    # (the Gluon template's own knobs stay with it; a packed batch's Gluon kernels build their
+    # descriptors in the kernel, and the Triton template's take pointers there)
+    loads = "pointer" if params.loads == "tma_device" else params.loads
+    return params.replace(
+        gluon=0, dq_mode="atomic" if params.dq_mode == "atomic" else "separate", loads=loads, extra=()
+    )
 
 
 def param_space(spec: KernelSpec) -> list[TuningParams]:

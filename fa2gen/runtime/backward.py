@@ -11,7 +11,15 @@ from ..generator.cache import interpreting, load_module
 from ..generator.descriptors import plan
 from ..generator.spec import TMA_LOADS, TuningParams, triton_part
 from . import direct
-from .launch import GRID_Y_MAX, GluonDevices, bound, effective_params, tma_compatible, window_extents
+from .launch import (
+    GRID_Y_MAX,
+    GluonDevices,
+    bound,
+    effective_params,
+    ensure_allocator,
+    tma_compatible,
+    window_extents,
+)
 from .problem import Problem, _check_tensor
 
 # dq_mode "matmul": the most bytes of dS scratch a backward holds at once. Its chunks take
@@ -175,6 +183,9 @@ class BackwardLaunch:
         if self.gluon is not None:  # (dq_mode matmul's dQ kernel, and the one pass's store of its
             # sums, write dQ through pointers)
             read = (q, k, v, dout, dk, dv) if self.ds_matmul or self.dq_add else (q, k, v, dout, dq, dk, dv)
+            if self.problem.varlen:  # (descriptors built per sequence: a packed tensor has a first row)
+                in_kernel = q.shape[2] > 0 and k.shape[2] > 0
+                return in_kernel and self._gluon_devices(q.device) and tma_compatible(*read, in_kernel=True)
             return self._gluon_devices(q.device) and tma_compatible(*read)
         return self.params.loads not in TMA_LOADS or tma_compatible(q, k, v, dout, dq, dk, dv)
 
@@ -241,6 +252,8 @@ class BackwardLaunch:
             args = (q, k, v, out, lse, dout, dq, dk, dv, compile_only, cu_seqlens, alibi, dropout)
             return self.fallback()._launch(*args)
         launches, grids = self._load(), self.grids
+        if self.gluon is not None and self.problem.varlen and q.is_cuda:  # (in-kernel descriptors' scratch)
+            ensure_allocator()
         delta = torch.empty(lse.shape, device=q.device, dtype=torch.float32)  # (one per row of LSE)
         given = dict(Q=q, K=k, V=v, O=out, DO=dout, LSE=lse.contiguous(), DELTA=delta, DQ=dq, DK=dk, DV=dv)
         if cu_seqlens is not None:

@@ -284,10 +284,16 @@ class Launch:
         # fp8's staged V is new, contiguous and padded for descriptors: only the caller's
         # tensors decide where the kernel runs, and V is staged once, for the kernel that does
         given = (q, k, out) if self.spec.fp8 else (q, k, v, out)
+        in_kernel = self.params.loads == "tma_device"
         if self.params.gluon:
-            runs_here = self._gluon_devices(q.device) and tma_compatible(*given)
+            # (a packed batch's descriptors read a key even where its sequence has none: there
+            # must be one)
+            runs_here = (
+                self._gluon_devices(q.device)
+                and tma_compatible(*given, in_kernel=in_kernel)
+                and not (cu_seqlens is not None and k.shape[2] == 0)
+            )
         else:
-            in_kernel = self.params.loads == "tma_device"
             runs_here = self.params.loads not in TMA_LOADS or tma_compatible(*given, in_kernel=in_kernel)
         if not runs_here:
             return self.fallback()._launch(q, k, v, out, lse, descales, compile_only, cu_seqlens, alibi, dropout)

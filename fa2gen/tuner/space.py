@@ -181,15 +181,18 @@ def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> li
 
 def space_for(arch: str, direction: str = "fwd", varlen: bool = False) -> SearchSpace:
     """The space ``fa2gen tune`` searches for ``direction`` on ``arch``; ``varlen``: a packed
-    batch's, whose template form runs on the plain grid with pointer loads (the forward also
-    in-kernel descriptors), dQ in its own kernel."""
+    batch's, which runs on the plain grid with pointer loads (the forward also in-kernel
+    descriptors, in the Triton template and the Gluon one), dQ in its own kernel."""
     if arch not in SPACES:
         raise ValueError(f"--arch: no search space for {arch!r}; choose from {', '.join(SPACES)}")
     assert arch in ARCHES
     space = {"bwd": BWD_SPACES, "decode": DECODE_SPACES}.get(direction, SPACES)[arch]
     if varlen:  # the forward's descriptors are built in the kernel, per sequence
-        loads = ("pointer", "tma_device") if direction == "fwd" and "tma_device" in space.loads else ("pointer",)
-        space = replace(space, loads=loads, dq_mode=("separate",), persistent=(0,), gluon=(0,))
+        # (the Gluon kernels build their descriptors per sequence, forward and backward)
+        hopper = direction in ("fwd", "bwd") and "tma_device" in SPACES[arch].loads
+        loads = ("pointer", "tma_device") if hopper else ("pointer",)
+        gluon = space.gluon if hopper else (0,)
+        space = replace(space, loads=loads, dq_mode=("separate",), persistent=(0,), gluon=gluon)
     # with the knobs of the direction's templates that this arch searches
     extra = tuple(
         (k.name, k.searched[arch]) for t in direction_templates(direction) for k in t.knobs if arch in k.searched

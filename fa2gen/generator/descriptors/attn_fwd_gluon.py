@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ... import compat
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, KernelSpec, TuningParams
-from .base import ForwardTemplate, Kernel, floats, ints, tensors
+from .base import Arg, ForwardTemplate, Kernel, floats, ints, tensors
 
 
 def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
@@ -88,6 +88,7 @@ class AttnFwdGluon(ForwardTemplate):
             "wide": gluon_wide(spec, params),
             # the softmax adds each row itself where Triton would add it as a tree
             "chain_sum": compat.sums_in_tree(triton),
+            "varlen": spec.varlen,
         }
 
     def unsupported(self, spec, params):
@@ -98,8 +99,12 @@ class AttnFwdGluon(ForwardTemplate):
             return "the Gluon forward takes no mask or a causal one, without softcap"
         if spec.head_dim not in GLUON_HEAD_DIMS:
             return f"the Gluon forward takes head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-        if params.loads != "tma_host":
-            return "the Gluon forward reads through host descriptors: loads=tma_host"
+        # (a packed batch's descriptors are built in the kernel, one sequence each)
+        loads = "tma_device" if spec.varlen else "tma_host"
+        if params.loads != loads:
+            return (
+                f"the Gluon forward reads {'a packed batch' if spec.varlen else 'dense tensors'} through loads={loads}"
+            )
         if params.block_m not in GLUON_TILES or (params.block_n not in GLUON_TILES and not gluon_wide(spec, params)):
             return f"the Gluon forward's tiles are {GLUON_TILES} rows (fp8 with two partitions: also 256 keys a step)"
         if params.gluon == 2 and params.block_m != 128:
@@ -130,17 +135,32 @@ class AttnFwdGluon(ForwardTemplate):
             "BLOCK_N": params.block_n,
             "STAGES": params.num_stages,
         }
-        # each compute partition loads and stores its own rows of Q and O
-        boxes = self.qkvo_boxes(spec, params.block_m // params.gluon, params.block_n, spec.head_dim)
         # the causal persistent form takes its tiles from a counter (TILES)
         queue = tensors("TILES", "i32") if params.persistent and spec.mask == "causal" else ()
         args = self.io_args(spec) + self.descale_strides(spec) + queue
+        if spec.varlen:
+            # pointers with their head and row strides (the kernel builds each sequence's
+            # descriptors), and the sequences' offsets
+            for t in "QKVO":
+                row = "m" if t in "QO" else "n"
+                args += (
+                    Arg(f"stride_{t.lower()}h", "stride", of=t, dim=1),
+                    Arg(f"stride_{t.lower()}{row}", "stride", of=t, dim=2),
+                )
+            args += tensors("CU_Q CU_K", "i32")
+            boxes = {}
+        else:
+            # each compute partition loads and stores its own rows of Q and O
+            boxes = self.qkvo_boxes(spec, params.block_m // params.gluon, params.block_n, spec.head_dim)
         args += ints("Hq group Nq Nk") + floats("sm_scale") + ints("num_tiles")
+        args += ints("Tq") if spec.varlen else ()  # (the packed query rows: LSE is (Hq, Tq))
         return (Kernel("attn_fwd", args, constexprs, boxes=boxes),)
 
     def candidates(self, spec):
         # fp8's own first: a short study reaches only the warm start's head (the bucket's own
         # and earlier entries and the neighbours' come before the candidates)
+        if spec.varlen:  # (a packed batch: the plain grid, descriptors built per sequence)
+            return tuple(p.replace(loads="tma_device") for p in GLUON_CANDIDATES if not p.persistent)
         return (GLUON_FP8_CANDIDATES if spec.fp8 else ()) + GLUON_CANDIDATES
 
     def prune(self, arch, spec, params):

@@ -186,10 +186,10 @@ class ForwardTemplate(Template):
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
         if params.dq_mode != "separate":
             return "dq_mode is a backward knob; the forward takes the default 'separate'"
-        if spec.varlen and (params.gluon or params.loads == "tma_host" or params.persistent):
+        if spec.varlen and (params.loads == "tma_host" or params.persistent):
             # (a host descriptor spans the whole packed tensor: its boxes would cross into the
             # next sequence; in-kernel ones are built per sequence and stop at its end)
-            return "packed batches (varlen) run the Triton template on the plain grid (pointer or tma_device loads)"
+            return "packed batches (varlen) run on the plain grid, with pointer loads or in-kernel descriptors"
         if (spec.alibi or spec.dropout) and params.gluon:
             return "ALiBi and dropout run in the Triton template (gluon=0)"
         if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
@@ -224,12 +224,17 @@ class BackwardTemplate(Template):
         return 2 * params.block_m * dp * elt + 2 * max(1, params.num_stages) * params.block_n * dp * elt
 
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
-        if params.loads == "tma_device":
-            return "the backward template has pointer loads and host descriptors, not in-kernel descriptors"
+        if params.loads == "tma_device" and not (spec.varlen and params.gluon):
+            return "the backward takes in-kernel descriptors in the Gluon kernels of a packed batch only"
         if params.persistent:
             return "persistent is a forward knob; the backward takes the default 0"
-        if spec.varlen and (params.gluon or params.loads != "pointer" or params.dq_mode != "separate"):
-            return "packed batches (varlen) run the Triton template's pointer loads, dQ in its own kernel"
+        if spec.varlen and (
+            params.loads != ("tma_device" if params.gluon else "pointer") or params.dq_mode != "separate"
+        ):
+            return (
+                "packed batches (varlen) run the Triton template's pointer loads or the Gluon kernels' in-kernel "
+                "descriptors, dQ in its own kernel"
+            )
         if (spec.alibi or spec.dropout) and params.gluon:
             return "ALiBi and dropout run in the Triton template (gluon=0)"
         if params.dq_mode == "matmul" and params.gluon != 1:
