@@ -183,6 +183,32 @@ def test_in_kernel_descriptors_on_the_gpu_stop_at_each_sequences_end(D, options)
         assert launch.module is not None, "the launch fell back to pointer loads"
 
 
+@pytest.mark.interpreter
+def test_a_launch_refuses_a_batch_its_grid_does_not_cover():
+    """A packed launch's grid is its batch's sequences by their longest: a call with other
+    sequences, or longer ones, is refused before anything runs (fewer sequences would read
+    offsets past cu_seqlens' end; more, or longer, would leave rows unwritten)."""
+    q, k, v, cq, ck = packed([5, 9], [5, 9], Hq=2, Hkv=2, D=16)
+    launch = Launch(make_varlen_problem(q, k, v, cq, ck, 9, 9), TuningParams(16, 16, 4, 1))
+    backward = BackwardLaunch(launch.problem, TuningParams(16, 16, 4, 1))
+    varlen_forward(q, k, v, cq, ck, launch.problem, launch.params, launch=launch)  # (the batch it was built for)
+    for lengths, longest in (([5, 4, 5], 5), ([4, 10], 10)):
+        q, k, v, cq, ck = packed(lengths, lengths, Hq=2, Hkv=2, D=16)
+        other = make_varlen_problem(q, k, v, cq, ck, longest, longest)
+        with pytest.raises(ValueError, match="launch: built for 2 sequences of at most 9 queries"):
+            varlen_forward(q, k, v, cq, ck, other, launch.params, launch=launch)
+        out, lse = torch.zeros_like(q), torch.zeros(2, q.shape[0])
+        with pytest.raises(ValueError, match="launch: built for 2 sequences"):
+            varlen_backward(q, k, v, out, lse, torch.ones_like(q), cq, ck, other, backward)
+
+
+# Two packed batches that one launch runs in turn: lengths 0 and 1, a sequence without keys,
+# more queries than keys and fewer, one past 4k. (A launch is built for one number of
+# sequences and one packed total: its grid covers that many sequences.)
+GLUON_BATCHES = [
+    ([0, 1, 4096, 777, 1, 333], [5, 1, 4096, 1000, 0, 129]),
+    ([300, 4100, 0, 800, 7, 1], [300, 4000, 7, 900, 0, 24]),
+]
 GLUON_VARLEN = [
     TuningParams(128, 128, 8, 3, "tma_device", gluon=2),
     TuningParams(128, 128, 8, 2, "tma_device", gluon=2),
@@ -199,10 +225,8 @@ def test_the_gluon_forward_on_a_packed_batch(D, options, params):
     """Each call's descriptors cover its own sequences: two calls of one launch with other
     offsets (a descriptor built in the kernel lives where the last call's did) are both right.
     Lengths 0 and 1, a sequence without keys, more queries than keys, GQA, a sequence past 4k."""
-    # (one packed total for both calls: a launch is built for one)
-    batches = [([0, 1, 4096, 777, 1, 333], [5, 1, 4096, 1000, 0, 129]), ([300, 4100, 0, 800, 7, 1], [300, 4000, 7, 900, 0, 24])]
     launch = None
-    for seed, (lq, lk) in enumerate(batches):
+    for seed, (lq, lk) in enumerate(GLUON_BATCHES):
         q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=D, dtype=torch.bfloat16, device="cuda", seed=seed)
         problem = make_varlen_problem(q, k, v, cq, ck, 4100, 4096, **options)
         launch = launch or Launch(problem, params)
@@ -237,9 +261,8 @@ def test_the_gluon_backward_on_a_packed_batch(D, options, params):
     """dK, dV (and dQ with gluon=2) by the Gluon kernels on descriptors built per sequence: keys
     of a sequence without queries get zero gradients, queries without keys too; two calls of one
     launch with other offsets."""
-    batches = [([0, 1, 4096, 777, 1, 333], [5, 1, 4096, 1000, 0, 129]), ([300, 4100, 0, 800, 7, 1], [300, 4000, 7, 900, 0, 24])]
     launch = None
-    for seed, (lq, lk) in enumerate(batches):
+    for seed, (lq, lk) in enumerate(GLUON_BATCHES):
         q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=D, dtype=torch.bfloat16, device="cuda", seed=seed)
         problem = make_varlen_problem(q, k, v, cq, ck, 4100, 4096, **options)
         dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).cuda()

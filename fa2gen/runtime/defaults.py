@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..generator.arch import fits
-from ..generator.spec import KernelSpec, TuningParams, next_pow2
+from ..generator.spec import KernelSpec, TuningParams, next_pow2, unsupported
 
 # (head_dim_padded upper bound, params), first match wins. At 4k tokens and more the
 # sweep found the same winners with and without the causal mask; short causal problems
@@ -81,6 +81,16 @@ _SM90_VARLEN_D128 = TuningParams(block_m=128, block_n=64, num_warps=4, num_stage
 # not measured). At D=64 the dense default's tile (128 x 32, 4 warps, 4 stages) led the same
 # sweep: 0.80x and 0.79x.
 _SM90_VARLEN_BWD_D128 = TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=3)
+# Where the Gluon kernels take the packed batch at D=128 (no mask or causal; descriptors built
+# per sequence in the kernel), they lead: the forward on 128 x 128 tiles with two compute
+# partitions and three stages ran 0.99x the dense forward's TFLOP/s without a mask and 0.98x
+# causal, against 0.83x and 0.84x for the Triton template above; the backward's Gluon dK/dV and
+# dQ kernels on 64 x 64 tiles with two stages ran 0.94x and 0.92x, against 0.77x and 0.74x
+# (H100, bf16, 16k tokens in sequences [8192, 1196, 1, 1654, 2733, 2608], one run).
+_SM90_VARLEN_GLUON_D128 = TuningParams(block_m=128, block_n=128, num_warps=8, num_stages=3, loads="tma_device", gluon=2)
+_SM90_VARLEN_GLUON_BWD_D128 = TuningParams(
+    block_m=64, block_n=64, num_warps=4, num_stages=2, loads="tma_device", gluon=2
+)
 _BWD_AMPERE = [
     (64, TuningParams(block_m=64, block_n=32, num_warps=4, num_stages=2)),
     (128, TuningParams(block_m=64, block_n=16, num_warps=8, num_stages=2)),
@@ -126,8 +136,11 @@ def bucket_default(bucket, arch: str) -> TuningParams:
 def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
     """The heuristic default for ``spec`` on ``arch`` ("cpu" means the interpreter)."""
     if spec.direction == "bwd":
-        if spec.varlen:  # packed batches: the Triton template's pointer loads, dQ in its own kernel
+        if spec.varlen:  # packed batches: the Gluon kernels where they run, else the Triton
+            # template's pointer loads; dQ in its own kernel
             if arch == "sm90" and spec.head_dim == 128:
+                if unsupported(spec, _SM90_VARLEN_GLUON_BWD_D128) is None:
+                    return _SM90_VARLEN_GLUON_BWD_D128
                 return shrink_to_fit(spec, _SM90_VARLEN_BWD_D128, arch)
             dense = default_params(dataclasses.replace(spec, varlen=False), arch, seqlen_q)
             return shrink_to_fit(spec, dense.replace(loads="pointer", dq_mode="separate", gluon=0), arch)
@@ -156,9 +169,11 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
         if arch == "sm90" and spec.dropout and spec.head_dim_padded == 128:
             params = _SM90_DROPOUT_D128
     if spec.varlen:
-        # Packed batches: the Triton template on the plain grid. On sm90, pointer loads with two
-        # warp groups on 128 x 64 tiles compiled without spills at D=64, 128 and 256 (108 B at a
-        # padded D=72; the dense defaults, made for descriptors, spilled 180-840 B at D=128).
+        # Packed batches: on sm90 at D=128 the Gluon forward where it runs (no mask or causal,
+        # without softcap, ALiBi or dropout: _SM90_VARLEN_GLUON_D128), else the Triton template
+        # on the plain grid. On sm90, pointer loads with two warp groups on 128 x 64 tiles
+        # compiled without spills at D=64, 128 and 256 (108 B at a padded D=72; the dense
+        # defaults, made for descriptors, spilled 180-840 B at D=128).
         # At D=128, in-kernel descriptors (built per sequence) on 128 x 64 tiles with one warp
         # group ran 0.82x the dense kernel's TFLOP/s, 0.81x causal, against the pointer loads'
         # 0.74x and 0.72x (H100, bf16, 16k tokens in sequences of 1 to 8k, same run); at D=64
@@ -166,6 +181,8 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:
         # measured (and the descriptors' tile spills 144 B under a window, 80 B causal).
         if arch != "sm90":
             params = params.replace(loads="pointer", persistent=0, gluon=0)
+        elif spec.head_dim == 128 and unsupported(spec, _SM90_VARLEN_GLUON_D128) is None:
+            params = _SM90_VARLEN_GLUON_D128
         elif spec.head_dim == 128 and spec.mask != "local":
             params = _SM90_VARLEN_D128
         else:

@@ -43,6 +43,7 @@ def varlen_forward(
         return out, lse
     b = problem.batch
     views = [batch_view(t, b) for t in (q, k, v, out)]
+    _check_launch(launch, problem)
     (launch or Launch(problem, params)).run(
         *views, lse, cu_seqlens=(cu_seqlens_q, cu_seqlens_k), alibi=alibi, dropout=dropout
     )
@@ -75,6 +76,20 @@ class VarlenAttention(torch.autograd.Function):
         return (*grads, None, None, None, None, None, None, None)
 
 
+def _check_launch(launch, problem: Problem) -> None:
+    # A launch's grid covers the sequences and the longest sequence it was built for: with more
+    # sequences, or longer ones, rows would go unwritten; with fewer, its programs would read
+    # offsets past the end of cu_seqlens.
+    if launch is None:
+        return
+    built = launch.problem
+    if built.batch != problem.batch or problem.seqlen_q > built.seqlen_q or problem.seqlen_k > built.seqlen_k:
+        raise ValueError(
+            f"launch: built for {built.batch} sequences of at most {built.seqlen_q} queries and "
+            f"{built.seqlen_k} keys; this call has {problem.batch} of at most {problem.seqlen_q} and {problem.seqlen_k}"
+        )
+
+
 def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, problem: Problem, launch, **extra):
     """(dq, dk, dv) of a packed batch, in its packed layout, by ``launch`` (a
     ``BackwardLaunch``); ``extra``: its ``run``'s keywords (grads given, ALiBi, dropout)."""
@@ -87,6 +102,7 @@ def varlen_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, problem
     b = problem.batch
     views = [batch_view(t, b) for t in (q, k, v, out)]
     grads = [batch_view(t, b) for t in (dq, dk, dv)]
+    _check_launch(launch, problem)
     # (Triton launches on the current device: the inputs' one, as in the forward)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         launch.run(
