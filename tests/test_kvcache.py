@@ -9,7 +9,7 @@ from helpers import MASK_CASES, rand_qkv
 import fa2gen
 from fa2gen.bench.correctness import check_cache, check_forward
 from fa2gen.runtime import api
-from fa2gen.runtime.defaults import decode_default, decode_splits
+from fa2gen.runtime.defaults import decode_combine, decode_default, decode_splits
 from fa2gen.runtime.kvcache import CacheLaunch, cache_forward, kvcache_reference
 from fa2gen.runtime.problem import make_kvcache_problem, make_problem
 
@@ -43,7 +43,7 @@ def check_cache_call(inputs, problem, out, lse, caches_after):
     assert verdict.ok, str(verdict)
 
 
-def run_cache(inputs, options, *, splits=None, combine="kernel"):
+def run_cache(inputs, options, *, splits=None, combine="auto"):
     """The decode kernels on NaN-poisoned outputs, with ``splits`` forced (None: the default) and
     the partials combined by ``combine`` (a kernel of their own, or the last split)."""
     q, kc, vc, lens, table, k, v = inputs
@@ -310,7 +310,10 @@ def test_the_decode_space_is_the_triton_templates_pointer_loads():
     points = param_space(spec)
     assert points and {(p.gluon, p.loads, p.persistent, p.dq_mode) for p in points} == {(0, "pointer", 0, "separate")}
     assert {p.splits for p in points} == {0, 1, 2, 4, 8, 16, 32, 64, 128}
-    assert {p.combine for p in points} == {"kernel", "last"}
+    assert {p.combine for p in points} == {"auto", "kernel", "last"}
+    assert decode_combine(points[0].replace(combine="auto"), 2) == "last"
+    assert decode_combine(points[0].replace(combine="auto"), 4) == "kernel"
+    assert decode_combine(points[0].replace(combine="kernel"), 2) == "kernel"
     assert unsupported(spec, points[0].replace(gluon=1)) == "no decode template renders gluon=1"
 
 

@@ -14,7 +14,7 @@ from ..generator.descriptors import template_of
 from ..generator.descriptors.attn_decode import combine_warps
 from ..generator.spec import TuningParams, next_pow2
 from . import direct
-from .defaults import decode_splits
+from .defaults import decode_combine, decode_splits
 from .launch import _sm_count, bound, window_extents, zero_counters
 from .problem import Problem
 from .reference import attention_reference
@@ -33,7 +33,7 @@ class CacheLaunch:
         self.splits = splits = decode_splits(problem, params, sm_count)
         # the split count is the launch's: whether partials are written, who combines them, and
         # the combine kernel's tile
-        self.combine_last = splits > 1 and params.combine == "last"
+        self.combine_last = splits > 1 and decode_combine(params, splits) == "last"
         flags = {"SPLIT": int(splits > 1), "COMBINE_LAST": int(self.combine_last)}
         decode = dataclasses.replace(decode, constexprs={**decode.constexprs, **flags})
         pad = next_pow2(splits)

@@ -38,11 +38,12 @@ class AttnDecode(Template):
         ),
         Knob(
             "combine",
-            values=("kernel", "last"),
-            default="kernel",
+            values=("auto", "kernel", "last"),
+            default="auto",
             help="where split partials are combined: a kernel of their own, or the split of each "
-            "tile that finishes last (one launch fewer)",
-            searched={"sm90": ("kernel", "last")},
+            "tile that finishes last (one launch fewer; auto: last with two splits, "
+            "runtime.defaults.decode_combine)",
+            searched={"sm90": ("auto", "kernel", "last")},
         ),
     )
 
