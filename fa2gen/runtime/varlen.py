@@ -80,7 +80,7 @@ def _check_launch(launch, problem: Problem) -> None:
     # A launch's grid covers the sequences and the longest sequence it was built for: with more
     # sequences, or longer ones, rows would go unwritten; with fewer, its programs would read
     # offsets past the end of cu_seqlens.
-    if launch is None:
+    if launch is None or launch.problem is problem:  # (attention_varlen's kept launches)
         return
     built = launch.problem
     if built.batch != problem.batch or problem.seqlen_q > built.seqlen_q or problem.seqlen_k > built.seqlen_k:
