@@ -76,6 +76,19 @@ def test_precedence(env):
     assert (choose().source, choose().params) == ("db", P_DB)
 
 
+def test_host_bound_calls_default_to_pointer_loads(env):
+    """A call whose GPU time is a few microseconds takes pointer loads, not host descriptors
+    (their building costs the host more than the GPU saves); one that reads many bytes with few
+    FLOPs (one query token over a long cache) is not host-bound and keeps them."""
+    tiny = choose(problem(128, bh=(1, 8)))
+    assert tiny.source == "default" and tiny.params.loads == "pointer"
+    assert tiny.params == default_params(problem(128, bh=(1, 8)).kernel_spec(), "sm90", 128).replace(loads="pointer")
+    for shape in (dict(n=4096), dict(n=1, nk=8192, bh=(2, 32)), dict(n=512, bh=(2, 16))):
+        assert choose(problem(**shape)).params.loads == "tma_host", shape
+    backward = explain(problem(128, bh=(1, 8)), H200, "bwd").params
+    assert backward.loads == "pointer"
+
+
 def test_nearest_bucket_and_distance_limit(env):
     root, db_path = env
     TunedDB(db_path).put([entry(P_DB, Bucket.of(problem(8192, bh=(2, 16))), validity())])

@@ -688,6 +688,10 @@ def test_local_moves_are_one_knob_steps():
         edge.replace(gluon=1),
         edge.replace(gluon=2),
     ]
+    # a template's own knobs come first (the decode template's split count, then its combine)
+    decode = local_moves(space_for("sm90", "decode"), TuningParams(16, 64, 4, 3, "pointer"))
+    assert [m.splits for m in decode[:7]] == [1, 2, 4, 8, 16, 32, 64]
+    assert [m.combine for m in decode[7:9]] == ["kernel", "last"] and decode[9].block_n == 32
     sm80 = space_for("sm80", "bwd")
     p80 = TuningParams(64, 64, 4, 3, "pointer")
     assert local_moves(sm80, p80) == [
@@ -945,7 +949,7 @@ def test_the_benchmark_grids_name_buckets_of_the_built_in_grids(path):
 
     buckets = read_grid(path)
     assert buckets
-    built_in = {b.key for b in default_buckets(("fwd", "bwd"))}
+    built_in = {b.key for b in default_buckets(("fwd", "bwd", "decode"))}
     fp8 = {b.key for b in buckets if b.dtype == "fp8e4m3"}
     assert {b.key for b in buckets} - fp8 <= built_in
 

@@ -123,14 +123,37 @@ def shrink_to_fit(spec: KernelSpec, params: TuningParams, arch: str) -> TuningPa
     return params
 
 
+# A call of at most this many FLOPs and bytes (the bucket's upper edge: 4 * B * Hq * Nq * Nk * D,
+# and q, k, v and out in 16 bits) runs in a few microseconds of GPU time, under what the host
+# spends launching it: such calls take pointer loads rather than host descriptors, whose four
+# descriptors cost the host about 6 us a call (H100: forward() on 1 x 8 x 128 x 64 causal took
+# 24.5 us with pointer loads, 30.2 with host descriptors).
+HOST_BOUND_FLOPS = 1 << 30
+HOST_BOUND_BYTES = 1 << 23
+
+
+def host_bound(bucket) -> bool:
+    """Whether every problem of ``bucket`` is small enough that the host's time per call, not
+    the GPU's, sets its speed (``HOST_BOUND_FLOPS``, ``HOST_BOUND_BYTES``)."""
+    b, nq, nk, d = bucket.batch_heads, bucket.seqlen_q, bucket.seqlen_k, bucket.head_dim
+    return 4 * b * nq * nk * d <= HOST_BOUND_FLOPS and 4 * b * (nq + nk) * d <= HOST_BOUND_BYTES
+
+
 def bucket_default(bucket, arch: str) -> TuningParams:
     """The default for every problem of a ``fa2gen.store.buckets.Bucket`` (sized for its
     rounded-up query length, so the whole bucket gets one answer; decode: its rounded-up
-    query tokens times its rounded-up GQA group)."""
+    query tokens times its rounded-up GQA group; a host-bound bucket's host descriptors
+    become pointer loads)."""
     if bucket.direction == "decode":
         rows = bucket.seqlen_q * bucket.group
         return decode_default(bucket.kernel_spec(), arch, rows, max(1, bucket.batch_heads // bucket.group))
-    return default_params(bucket.kernel_spec(), arch, bucket.seqlen_q)
+    spec = bucket.kernel_spec()
+    params = default_params(spec, arch, bucket.seqlen_q)
+    if params.loads == "tma_host" and host_bound(bucket):
+        pointer = params.replace(loads="pointer")
+        if unsupported(spec, pointer) is None and fits(spec, pointer, arch) is None:
+            return pointer
+    return params
 
 
 def default_params(spec: KernelSpec, arch: str, seqlen_q: int) -> TuningParams:

@@ -84,7 +84,7 @@ DEFAULT_GRID = {
                 "masks": [mask],
                 "groups": [4],
                 "seqlens_q": tokens,
-                "seqlens_k": [2048, 8192, 65536],
+                "seqlens_k": [512, 8192, 65536],
                 "batch_heads": [32, 256, 2048],
                 "pages": [0, 16],
             }
