@@ -172,7 +172,12 @@ def _compile_worker(bucket_key: str, params_data: dict) -> str | None:
         bucket = Bucket.parse(bucket_key)
         params = TuningParams.from_dict(params_data)
         if bucket.direction == "decode":
-            inputs, problem = cache_inputs(bucket, empty=True)
+            # One sequence's caches, launched as the whole batch's: the kernels specialise on
+            # strides, which a batch shares with its one sequence, and take the batch as a
+            # number; the batch's own caches (17 GB at 64 x 64k keys) in every worker at once
+            # ran the GPU out of memory.
+            inputs, one = cache_inputs(bucket, empty=True, batch=1)
+            problem = dataclasses.replace(one, batch=representative_problem(bucket).batch)
             sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
             CacheLaunch(problem, params, sms).run(
                 *inputs, *_outputs(inputs[0], (problem.batch, problem.heads_q, problem.seqlen_q)), compile_only=True
@@ -415,7 +420,8 @@ class GpuEvaluator:
         if not verdict.ok:
             raise Rejected(f"wrong result: {verdict}")
         if bucket not in self._inputs:
-            self._inputs = {bucket: cache_inputs(bucket, seed=self.seed)}  # one bucket's inputs at a time
+            self._inputs = {}  # one bucket's inputs at a time: the last one's go first
+            self._inputs[bucket] = cache_inputs(bucket, seed=self.seed)
         inputs, problem = self._inputs[bucket]
         out, lse = _outputs(inputs[0], (problem.batch, problem.heads_q, problem.seqlen_q), poison=True)
         kept = CacheLaunch(problem, params, sms)
@@ -528,17 +534,18 @@ def _varlen_compile(bucket: Bucket, params: TuningParams) -> None:
         Launch(problem, params).run(*views, lse, cu_seqlens=inputs[3:], compile_only=True)
 
 
-def cache_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, seed: int = 0):
+def cache_inputs(bucket: Bucket, *, gate: bool = False, empty: bool = False, seed: int = 0, batch: int | None = None):
     """((q, k_cache, v_cache, cache_seqlens, block_table, k, v), Problem) of a decode bucket on
     the current GPU: the representative problem's full caches (``empty``: uninitialised, for
-    compiling), or with ``gate`` a small one of 2 x 2 k/v heads whose sequences hold 0 and an
-    odd number of keys, appending two. A paged cache's pages are shuffled in the table."""
+    compiling; ``batch``: of that many sequences), or with ``gate`` a small one of 2 x 2 k/v
+    heads whose sequences hold 0 and an odd number of keys, appending two. A paged cache's
+    pages are shuffled in the table."""
     import torch
 
     from ..runtime.problem import TORCH_DTYPES, make_kvcache_problem, random_normal
 
     s = representative_problem(bucket)
-    batch, heads_kv, capacity = (2, 2, min(s.seqlen_k, 640)) if gate else (s.batch, s.heads_kv, s.seqlen_k)
+    batch, heads_kv, capacity = (2, 2, min(s.seqlen_k, 640)) if gate else (batch or s.batch, s.heads_kv, s.seqlen_k)
     page = bucket.page
     if page:
         capacity = -(-capacity // page) * page
