@@ -80,8 +80,15 @@ SOURCES = [
 ]
 MEMORY = f"{RESULTS}/memory-h200.json"
 # benchmarks/decode.py and benchmarks/varlen.py runs, newest first
-DECODE = [f"{RESULTS}/decode-h200.json", f"{RESULTS}/decode-h100-n128.json", f"{RESULTS}/decode-h100-n64.json"]
+DECODE = [
+    f"{RESULTS}/decode-h100-tuned.json",
+    f"{RESULTS}/decode-h200.json",
+    f"{RESULTS}/decode-h100-n128.json",
+    f"{RESULTS}/decode-h100-n64.json",
+]
 VARLEN = [f"{RESULTS}/varlen-h100.json"]
+HOST = [f"{RESULTS}/host-h100.json"]  # benchmarks/host_cost.py
+HF = [f"{RESULTS}/hf-llama-h100.json"]  # benchmarks/hf_llama.py
 TRAIN = f"{RESULTS}/train-gpt-h200.json"
 
 
@@ -91,11 +98,13 @@ def tuned_section(path: Path) -> str:
     from fa2gen.store.yamlfile import read
 
     cfg = read(path)
-    fwd = [e for e in cfg.entries if e.bucket.direction == "fwd"]
+    fwd = [e for e in cfg.entries if e.bucket.direction == "fwd" and not e.bucket.varlen]
     square = [e for e in fwd if e.bucket.seqlen_q == e.bucket.seqlen_k and e.bucket.dtype != "fp8e4m3"]
     fp8 = [e for e in fwd if e.bucket.dtype == "fp8e4m3"]  # all of them, square or not
     short = [e for e in fwd if e.bucket.seqlen_q != e.bucket.seqlen_k and e.bucket.dtype != "fp8e4m3"]
-    bwd = [e for e in cfg.entries if e.bucket.direction == "bwd"]
+    bwd = [e for e in cfg.entries if e.bucket.direction == "bwd" and not e.bucket.varlen]
+    packed = [e for e in cfg.entries if e.bucket.varlen]
+    decode = [e for e in cfg.entries if e.bucket.direction == "decode"]
     lines = [
         f"`{path.relative_to(Path.cwd())}`: {len(cfg.entries)} buckets, device {cfg.meta['device']}, "
         f"triton {cfg.meta['triton']}, torch {cfg.meta['torch']}, {cfg.meta['date'][:10]}. "
@@ -114,6 +123,8 @@ def tuned_section(path: Path) -> str:
         ("forward fp8 (e4m3) buckets", fp8),
         ("forward, short-query buckets (Nq = 1 ... 256, Nk = 8192)", short),
         ("backward, canonical square buckets (N = 512 ... 16k)", bwd),
+        ("packed batches (attention_varlen), forward and backward", packed),
+        ("decoding over a KV cache (attention_with_kvcache)", decode),
     ):
         ups = [e.speedup for e in group if e.speedup]
         if ups:
@@ -123,11 +134,15 @@ def tuned_section(path: Path) -> str:
             )
 
     def key(e):
-        return e.bucket.direction, e.bucket.dtype, e.bucket.head_dim, e.bucket.mask, e.bucket.seqlen_q
+        b = e.bucket
+        return b.direction, b.varlen, b.dtype, b.head_dim, b.mask, b.seqlen_q, b.seqlen_k, b.batch_heads, b.page
 
-    lines += ["", "| bucket | tuned config | TFLOP/s | vs default |", "|---|---|---|---|"]
-    for e in sorted(short + bwd, key=key):
-        lines.append(f"| {e.bucket.key} | {e.params.label()} | {e.measurement.tflops:.0f} | {e.speedup:.2f} |")
+    lines += ["", "| bucket | tuned config | TFLOP/s | us | vs default |", "|---|---|---|---|---|"]
+    for e in sorted(short + bwd + packed + decode, key=key):
+        m = e.measurement
+        lines.append(
+            f"| {e.bucket.key} | {e.params.label()} | {m.tflops:.0f} | {m.median_ms * 1e3:.1f} | {e.speedup:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -302,6 +317,79 @@ def train_section(path: str) -> None:
     )
 
 
+def host_section(path: str) -> None:
+    """Host time per call (``benchmarks/host_cost.py``)."""
+    data = json.loads(Path(path).read_text())
+    print(f"## Host time per call: {data['device']}\n")
+    print(
+        f"torch {data['torch']}, triton {data['triton']}; `benchmarks/host_cost.py`, source `{path}`. "
+        f"{data['shape']}: microseconds per call over {data['calls']} calls in a row, the best of "
+        f"{data['rounds']} rounds taken in turns; grad: q, k and v require grad (the forward call, as "
+        f"autograd records it). fa2gen's default here: {data['default']}.\n"
+    )
+    table = data["us_per_call"]
+    names = list(table["no grad"])
+    print("| | " + " | ".join(names) + " | fa2gen / cuDNN |")
+    print("|---" * (len(names) + 2) + "|")
+    for mode, row in table.items():
+        cells = " | ".join(f"{row[n]:.1f}" for n in names)
+        print(f"| {mode} | {cells} | {row['fa2gen'] / row['sdpa-cudnn']:.2f}x |")
+    forms = data["forward_forms"]
+    print("\nfa2gen's launch alone (`forward()`), host time per call and GPU time (a CUDA graph replayed):\n")
+    print("| loads | host us | GPU us |")
+    print("|---|---|---|")
+    for loads, r in forms.items():
+        print(f"| {loads} | {r['host_us']:.1f} | {r['gpu_us']:.2f} |")
+    print()
+
+
+def hf_section(path: str) -> None:
+    """A transformers model with attn_implementation="fa2gen" against "sdpa" (``benchmarks/hf_llama.py``)."""
+    data = json.loads(Path(path).read_text())
+    m = data["model"]
+    print(f"## Hugging Face transformers: {data['device']}\n")
+    print(
+        f"torch {data['torch']}, triton {data['triton']}, transformers {data['transformers']}; "
+        f"`benchmarks/hf_llama.py`, source `{path}`. Llama-style, {m['num_hidden_layers']} layers, hidden "
+        f"{m['hidden_size']}, {m['num_attention_heads']} query heads over {m['num_key_value_heads']} k/v heads, "
+        "bf16, random weights; each implementation holds the same weights. In brackets: eager against sdpa, "
+        "the size of PyTorch's own disagreement.\n"
+    )
+    print("| check | fa2gen against sdpa | (eager against sdpa) |")
+    print("|---|---|---|")
+    for key, name in (
+        ("logits_unpadded", "logits, unpadded: largest difference / largest logit"),
+        ("logits_left_padded", "logits, left-padded, at real tokens"),
+        ("grad_step", "one training step: largest relative gradient difference"),
+    ):
+        print(f"| {name} | {data[key]['fa2gen']:.5f} | ({data[key]['eager']:.5f}) |")
+    for key, name in (
+        ("greedy_random_weights", "greedy generate(), random weights"),
+        ("greedy_trained", "greedy generate(), trained to copy"),
+    ):
+        r, e = data[key]["fa2gen"], data[key]["eager"]
+        print(
+            f"| {name}: tokens, sequences identical | {r['tokens_agreeing']}/{r['tokens']}, "
+            f"{r['sequences_identical']}/{r['sequences']} | ({e['tokens_agreeing']}/{e['tokens']}, "
+            f"{e['sequences_identical']}/{e['sequences']}) |"
+        )
+    task = data["copy_task"]
+    rates = data["rates"]
+    print(
+        f"\nThe copy task: {task['steps']} AdamW steps under sdpa, loss {task['loss_first']} to "
+        f"{task['loss_last10']} (mean of the last 10).\n"
+    )
+    print("| | training tokens/s | generation tokens/s |")
+    print("|---|---|---|")
+    for impl, r in rates.items():
+        print(f"| {impl} | {r['train_tokens_per_s']:,} | {r['generate_tokens_per_s']:,} |")
+    f, s_ = rates["fa2gen"], rates["sdpa"]
+    print(
+        f"| fa2gen / sdpa | {f['train_tokens_per_s'] / s_['train_tokens_per_s']:.2f}x | "
+        f"{f['generate_tokens_per_s'] / s_['generate_tokens_per_s']:.2f}x |\n"
+    )
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -336,6 +424,10 @@ def main(argv: list[str]) -> None:
             decode_section(path)
         for path in VARLEN:
             varlen_section(path)
+        for path in HOST:
+            host_section(path)
+        for path in HF:
+            hf_section(path)
     if args.memory:
         memory_section(args.memory)
     if args.train:

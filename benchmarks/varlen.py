@@ -137,6 +137,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     lengths = mixed_lengths(args.seed)
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "lengths": lengths,
+    }
     rows = []
     for dtype_name in args.dtypes.split(","):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
@@ -168,18 +174,8 @@ def main() -> None:
                     }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "device": torch.cuda.get_device_name(),
-                "torch": torch.__version__,
-                "triton": __import__("triton").__version__,
-                "lengths": lengths,
-                "rows": rows,
-            },
-            f,
-            indent=1,
-        )
+                with open(args.out, "w") as f:  # after every row: a run cut short keeps its rows
+                    json.dump({**meta, "rows": rows}, f, indent=1)
     names = list(rows[0]["providers"])
     print("lengths:", lengths)
     print(f"{'dtype':5} {'D':>4} {'causal':6} {'dir':3} " + " ".join(f"{n:>22}" for n in names))
