@@ -1,5 +1,7 @@
 """Run-time lookup precedence: user DB, shipped YAML (device, then arch), default."""
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -96,6 +98,29 @@ def test_nearest_bucket_and_distance_limit(env):
     assert (c.source, c.params) == ("db-nearest", P_DB) and c.bucket.seqlen_q == 8192
     far = choose(problem(128, bh=(256, 16)))  # 6 doublings in each length, 4 in batch*heads
     assert far.source == "default"
+
+
+def test_the_other_16_bit_dtype_answers_before_the_default(env):
+    """fp16 and bf16 share kernel code: an fp16 call with no fp16 entry takes the bf16 entry of
+    its own shape, ahead of an fp16 neighbour a doubling away and behind an fp16 exact entry;
+    fp8 has no sibling."""
+    root, db_path = env
+    b = Bucket.of(problem())
+    assert b.dtype == "fp16"
+    twin = dataclasses.replace(b, dtype="bf16")
+    db = TunedDB(db_path)
+    db.put([entry(P_DB, twin, validity())])
+    c = choose()
+    assert (c.source, c.params, c.bucket) == ("db-nearest", P_DB, twin)
+    neighbour = Bucket.of(problem(bh=(8, 16)))  # batch x heads doubled
+    assert b.gap(twin) == 0.5 and b.gap(neighbour) == 1.0
+    db.put([entry(P_ARCH, neighbour, validity())])
+    assert choose().params == P_DB  # the sibling's own shape before an fp16 bucket a doubling away
+    assert choose(problem(bh=(16, 16))).params == P_ARCH  # ... which is nearer for twice that
+    db.put([entry(P_DEV, b, validity())])
+    assert (choose().source, choose().params) == ("db", P_DEV)
+    fp8 = Bucket("fwd", "fp8e4m3", 128, "causal", False, 1, 4096, 4096, 64)
+    assert fp8.gap(dataclasses.replace(fp8, dtype="bf16")) is None and twin.gap(fp8) is None
 
 
 def test_stale_entries_are_skipped(env, caplog):

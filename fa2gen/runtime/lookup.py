@@ -2,7 +2,9 @@
 
 1. the exact bucket: in the user's tuned database (this device, same Triton), then in this
    device's shipped YAML file, then in any shipped file of the same arch;
-2. the nearest bucket of the same kernel, in the same order of sources;
+2. the nearest bucket of the same kernel, in the same order of sources; fp16 and bf16 take
+   each other's buckets too, half a doubling farther (``Bucket.gap``): a dtype not tuned on this
+   device takes the other's configs before the default;
 3. the heuristic default.
 
 An exact bucket from any source beats a nearest one: a partial tune into the user's database
@@ -66,12 +68,11 @@ def _validity(device: DeviceInfo):
 
 
 def _nearest(bucket: Bucket, entries, spec, arch):
-    """The nearest of ``entries`` (same kernel, within MAX_DISTANCE) that fits and whose code
-    is unchanged (checked last: it renders the entry's variant once per process)."""
-    near = sorted(
-        ((bucket.distance(e.bucket), i, e) for i, e in enumerate(entries) if bucket.same_kernel(e.bucket)),
-        key=lambda t: t[:2],
-    )
+    """The nearest of ``entries`` (same kernel, or the sibling dtype's a little farther:
+    ``Bucket.gap``; within MAX_DISTANCE) that fits and whose code is unchanged (checked last: it
+    renders the entry's variant once per process)."""
+    gaps = ((bucket.gap(e.bucket), i, e) for i, e in enumerate(entries))
+    near = sorted(((g, i, e) for g, i, e in gaps if g is not None), key=lambda t: t[:2])
     for d, _, e in near:
         if d <= MAX_DISTANCE and fits(spec, e.params, arch) is None and e.current:
             return e

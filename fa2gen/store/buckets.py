@@ -23,9 +23,16 @@ the FlashAttention-2 paper lands on bucket boundaries exactly.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..generator.spec import DIRECTIONS, DTYPES, HEAD_DIMS, MASKS, KernelSpec, SpecError
+
+# fp16 and bf16 run one generated code but for the element type, with one schedule: a config
+# tuned for one is a config for the other (fp8's kernels differ)
+SIBLING_DTYPES = {"fp16": "bf16", "bf16": "fp16"}
+# How far a sibling dtype's bucket counts beyond its shape's distance (``Bucket.gap``): less than
+# one doubling, so the sibling's own bucket comes before a neighbour of this dtype
+SIBLING_GAP = 0.5
 
 MAX_SEQ = 65536
 MAX_BH = 4096
@@ -136,6 +143,16 @@ class Bucket:
     def same_kernel(self, other: "Bucket") -> bool:
         """Whether ``other`` tunes the same kernel spec (its params are valid here)."""
         return self.kernel_spec() == other.kernel_spec()
+
+    def gap(self, other: "Bucket") -> float | None:
+        """How far ``other``'s tuned params are from this bucket's: its ``distance`` where it
+        tunes the same kernel, plus ``SIBLING_GAP`` where it differs only in the sibling dtype
+        (``SIBLING_DTYPES``), None where its params say nothing here."""
+        if self.same_kernel(other):
+            return self.distance(other)
+        if SIBLING_DTYPES.get(self.dtype) == other.dtype and self.same_kernel(replace(other, dtype=self.dtype)):
+            return self.distance(other) + SIBLING_GAP
+        return None
 
     def distance(self, other: "Bucket") -> float:
         """How far apart two buckets of the same kernel are, in powers of two."""

@@ -13,7 +13,7 @@ import optuna
 from ..generator.rendering import template_hash
 from ..generator.spec import TuningParams
 from ..runtime.defaults import bucket_default
-from ..store.buckets import Bucket
+from ..store.buckets import SIBLING_DTYPES, Bucket
 from ..store.db import TunedDB
 from ..store.records import Entry, Validity
 from .evaluate import Evaluator
@@ -113,9 +113,6 @@ def earlier_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int =
     ]
     entries.sort(key=lambda e: e.created_at, reverse=True)
     return _distinct_params(entries, limit)
-
-
-SIBLING_DTYPES = {"fp16": "bf16", "bf16": "fp16"}  # one kernel code, one schedule: tuned alike
 
 
 def sibling_params(db: TunedDB, validity: Validity, bucket: Bucket) -> list[TuningParams]:
