@@ -17,8 +17,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 def variants(arch: str, only: str | None = None, gluon_only: bool = False) -> list[tuple]:
-    """Unique (spec, params) pairs, as dicts, in a fixed order; with ``gluon_only``, those that
-    render a Gluon template (what differs most between Triton versions)."""
+    """Unique variants as (spec, params) dicts, in a fixed order: one per spec and rendered code
+    (params that render alike, such as the decode template's split counts, a launch's numbers,
+    compile alike); with ``gluon_only``, those that render a Gluon template (what differs most
+    between Triton versions)."""
     from fa2gen.runtime.defaults import bucket_default
     from fa2gen.store.shipped import shipped_files
     from fa2gen.tuner.grid import default_buckets
@@ -28,17 +30,20 @@ def variants(arch: str, only: str | None = None, gluon_only: bool = False) -> li
         for bucket in default_buckets(("fwd", "bwd", "decode")):
             if bucket.direction == "decode" and bucket.dtype != "bf16":
                 continue  # (the decode kernels compile alike in fp16: one dtype keeps the check short)
-            pairs[_key(bucket.kernel_spec(), bucket_default(bucket, arch))] = None
+            spec, params = bucket.kernel_spec(), bucket_default(bucket, arch)
+            pairs.setdefault(_key(spec, params), (spec.to_dict(), params.to_dict()))
     if only in (None, "shipped"):
         for _, cfg in shipped_files(arch):
             for entry in cfg.entries:
-                pairs[_key(entry.bucket.kernel_spec(), entry.params)] = None
-    found = [json.loads(k) for k in pairs]
-    return [(spec, params) for spec, params in found if params["gluon"] or not gluon_only]
+                spec = entry.bucket.kernel_spec()
+                pairs.setdefault(_key(spec, entry.params), (spec.to_dict(), entry.params.to_dict()))
+    return [(spec, params) for spec, params in pairs.values() if params["gluon"] or not gluon_only]
 
 
-def _key(spec, params) -> str:
-    return json.dumps([spec.to_dict(), params.to_dict()], sort_keys=True)
+def _key(spec, params) -> tuple:
+    from fa2gen.generator.identity import code_digest
+
+    return json.dumps(spec.to_dict(), sort_keys=True), code_digest(spec, params)
 
 
 def _compile(job) -> tuple[str, int, str | None]:
@@ -46,9 +51,10 @@ def _compile(job) -> tuple[str, int, str | None]:
     from fa2gen.generator.ahead import compile_for
     from fa2gen.generator.spec import KernelSpec, TuningParams
 
-    label = f"{KernelSpec(**spec).to_dict()} {TuningParams(**params).label()}"
+    spec, params = KernelSpec.from_dict(spec), TuningParams.from_dict(params)  # (params: with template knobs)
+    label = f"{spec.to_dict()} {params.label()}"
     try:
-        return label, len(compile_for(KernelSpec(**spec), TuningParams(**params), arch)), None
+        return label, len(compile_for(spec, params, arch)), None
     except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the others
         while e.__cause__ or e.__context__:
             e = e.__cause__ or e.__context__
