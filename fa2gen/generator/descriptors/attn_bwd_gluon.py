@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ... import compat
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, TuningParams
-from .base import Arg, BackwardTemplate, Kernel, ints, strides, tensors
+from .base import BackwardTemplate, Kernel, ints, packed_args, strides, tensors
 
 GLUON_BWD_STEPS = (32, 64)  # queries per step of the Gluon dK/dV kernel
 # dq_mode matmul's dQ kernel (attn_bwd_dq_ds): queries a program, its dS^T box's columns; under a
@@ -35,15 +35,6 @@ GLUON_BWD_CANDIDATES = (
 )
 
 
-def _packed(names: str) -> tuple[Arg, ...]:
-    """A packed batch's tensors' head and row strides (stride_qh, stride_qm, ...: dims 1 and 2
-    of ``runtime.varlen.batch_view``), then the offsets CU_Q and CU_K."""
-    args = ()
-    for t in names.split():
-        args += (Arg(f"stride_{t.lower()}h", "stride", of=t, dim=1), Arg(f"stride_{t.lower()}n", "stride", of=t, dim=2))
-    return args + tensors("CU_Q CU_K", "i32")
-
-
 class AttnBwdGluon(BackwardTemplate):
     file = "attn_bwd_gluon.py.jinja"
     gluon = (1, 2)
@@ -69,9 +60,8 @@ class AttnBwdGluon(BackwardTemplate):
             return "the Gluon backward kernels take no mask or a causal one, without softcap"
         if spec.head_dim not in GLUON_HEAD_DIMS:
             return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-        if spec.varlen:  # (the base rules: in-kernel descriptors, dQ in its own kernel)
-            pass
-        elif params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul", "atomic"):
+        # (a packed batch: the base rules, in-kernel descriptors and dQ in its own kernel)
+        if not spec.varlen and (params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul", "atomic")):
             return (
                 "the Gluon backward kernels read through host descriptors, dQ in its own kernel, by a matmul or "
                 "added from the dK/dV kernel: loads=tma_host, dq_mode=separate, matmul or atomic"
@@ -130,12 +120,12 @@ class AttnBwdGluon(BackwardTemplate):
         rows = tensors("LSE DELTA", "fp32")
         # a packed batch: pointers with their head and row strides (the kernels build each
         # sequence's descriptors), the sequences' offsets, and the packed query rows (Tq)
-        packed, tq = (_packed("Q K V DO DK DV"), ints("Tq")) if spec.varlen else ((), ())
+        packed, tq = (packed_args("Q K V DO DK DV"), ints("Tq")) if spec.varlen else ((), ())
         args = tensors("Q K V DO DK DV") + packed + extra + rows + self.sizes("Hkv") + tq + band
         dkdv = Kernel("attn_bwd_dkdv", args, tiles, boxes={} if spec.varlen else boxes, replaces="attn_bwd_dkdv")
         if params.gluon == 2:
             boxes = {t: (1, 1, m if t in ("Q", "DO", "DQ") else n, d) for t in ("Q", "K", "V", "DO", "DQ")}
-            packed = _packed("Q K V DO DQ") if spec.varlen else ()
+            packed = packed_args("Q K V DO DQ") if spec.varlen else ()
             args = tensors("Q K V DO DQ") + packed + rows + self.sizes("Hq") + tq
             dq = Kernel("attn_bwd_dq", args, tiles, boxes={} if spec.varlen else boxes, replaces="attn_bwd_dq")
             return (dkdv, dq)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ... import compat
 from ..spec import GLUON_HEAD_DIMS, GLUON_TILES, KernelSpec, TuningParams
-from .base import Arg, ForwardTemplate, Kernel, floats, ints, tensors
+from .base import ForwardTemplate, Kernel, floats, ints, packed_args, tensors
 
 
 def gluon_overlap(spec: KernelSpec, params: TuningParams) -> bool:
@@ -141,13 +141,7 @@ class AttnFwdGluon(ForwardTemplate):
         if spec.varlen:
             # pointers with their head and row strides (the kernel builds each sequence's
             # descriptors), and the sequences' offsets
-            for t in "QKVO":
-                row = "m" if t in "QO" else "n"
-                args += (
-                    Arg(f"stride_{t.lower()}h", "stride", of=t, dim=1),
-                    Arg(f"stride_{t.lower()}{row}", "stride", of=t, dim=2),
-                )
-            args += tensors("CU_Q CU_K", "i32")
+            args += packed_args("Q K V O", query_rows="Q O")
             boxes = {}
         else:
             # each compute partition loads and stores its own rows of Q and O

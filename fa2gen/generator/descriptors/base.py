@@ -43,6 +43,18 @@ def strides(tensor: str, names: str) -> tuple[Arg, ...]:
     return tuple(Arg(n, "stride", of=tensor, dim=i) for i, n in enumerate(names.split()))
 
 
+def packed_args(names: str, query_rows: str = "") -> tuple[Arg, ...]:
+    """A packed batch's tensors' head and row strides (dims 1 and 2 of
+    ``runtime.varlen.batch_view``: stride_qh, stride_qn, ...; a row stride ends in m for the
+    tensors named in ``query_rows``), then the sequences' offsets CU_Q and CU_K: what a kernel
+    that builds each sequence's descriptors takes in place of host descriptors."""
+    args: tuple[Arg, ...] = ()
+    for t in names.split():
+        row = f"stride_{t.lower()}{'m' if t in query_rows.split() else 'n'}"
+        args += (Arg(f"stride_{t.lower()}h", "stride", of=t, dim=1), Arg(row, "stride", of=t, dim=2))
+    return args + tensors("CU_Q CU_K", "i32")
+
+
 def alibi_args(spec: KernelSpec) -> tuple[Arg, ...]:
     """ALiBi's slopes (fp32, one per query head, its batch stride 0 when shared by the batch)
     where the spec has them: a kernel's last runtime arguments."""
