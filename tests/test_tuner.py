@@ -1058,7 +1058,7 @@ def test_decode_grid_pages_and_representative_problem():
 def test_varlen_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     """Packed-batch buckets: their own grid entries and keys, a space of the varlen forms'
     choices only (pointer loads or the Gluon kernels' in-kernel descriptors, plain grid, dQ in
-    its own kernel), FLOPs of the sequences they are timed on, and stored winners that
+    its own kernel or the one pass), FLOPs of the sequences they are timed on, and stored winners that
     attention_varlen's lookup finds for a packed call of the bucket, never for a dense call of
     the same sizes."""
     from fa2gen.runtime.device import DeviceInfo
@@ -1074,12 +1074,20 @@ def test_varlen_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     optimum = TuningParams(64, 32, 4, 3)
     db, storage, ev, [r] = _tune(tmp_path, [bucket], trials=20, evaluator=CostModelEvaluator(optimum=optimum))
     assert r.best is not None and db.get(VALID, bucket).params == r.best
-    # the Triton template's pointer loads, and the Gluon kernels' candidates (descriptors built in them)
-    assert {(p.loads, p.dq_mode, p.gluon, p.persistent) for p in ev.compiled} == {
+    # the Triton template's pointer loads, and the Gluon kernels' candidates (descriptors built in
+    # them, dQ in its own kernel or, the one pass, added into sums): nothing else compiles, and
+    # the space holds each form (which of them the sampler visits is its own business)
+    forms = {
         ("pointer", "separate", 0, 0),
         ("tma_device", "separate", 1, 0),
         ("tma_device", "separate", 2, 0),
+        ("tma_device", "atomic", 1, 0),
     }
+    assert {(p.loads, p.dq_mode, p.gluon, p.persistent) for p in ev.compiled} <= forms
+    assert {(p.loads, p.gluon) for p in ev.compiled} >= {("tma_device", 1), ("tma_device", 2)}
+    space = space_for("sm90", "bwd", varlen=True)
+    one_pass = TuningParams(128, 64, 8, 2, "tma_device", dq_mode="atomic", gluon=1)
+    assert all(space.contains(p) for p in (optimum, TuningParams(64, 32, 4, 3, "tma_device", gluon=2), one_pass))
     problem = representative_problem(bucket)
     assert problem.varlen and problem.total_q == 5120 and Bucket.of(problem, "bwd") == bucket
     device = DeviceInfo(name="TEST_GPU", capability=(9, 0), arch="sm90", sm_count=132)

@@ -156,6 +156,20 @@ def test_a_packed_batchs_gradients_match_the_reference(options):
     check_gradients(q, k, v, cq, ck, problem, options, dout)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("options", MASK_CASES[:6], ids=str)
+def test_a_packed_batchs_dq_sums_by_row_match_the_reference(options):
+    """dq_mode atomic on a packed batch: the dK/dV kernel adds each key block's share of dQ into
+    fp32 sums by packed row, and one pass scales and casts every packed row; the offsets hold
+    sequences of 0 and 1 rows and a sequence without keys."""
+    lengths = LENGTHS[0]
+    q, k, v, cq, ck = packed(*lengths, Hq=4, Hkv=2, D=40, seed=5)
+    problem = make_varlen_problem(q, k, v, cq, ck, max(lengths[0]), max(lengths[1]), **options)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(6)).to(q.dtype)
+    params = TuningParams(32, 16, 4, 1, dq_mode="atomic")
+    backward_checked(q, k, v, cq, ck, problem, params, dout, BackwardLaunch(problem, params))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (100, 0)}], ids=str)

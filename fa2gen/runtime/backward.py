@@ -138,6 +138,8 @@ class BackwardLaunch:
         outer = params.block_m
         self.grids = dict(
             delta=(-(-nq // rows) * b * hq,),
+            # a packed batch's dQ sums are one run of its packed rows per query head
+            dq_store=(-(-problem.total_q // rows) * hq,) if problem.varlen else (-(-nq // rows) * b * hq,),
             dkdv=(-(-nk // outer) * b * hkv,),
             dq=(-(-nq // outer) * b * hq,),
             gluon_dkdv=(-(-nk // outer), b * hkv),
@@ -273,7 +275,9 @@ class BackwardLaunch:
 
         run("attn_bwd_delta", grids["delta"], given)
         if self.atomic:  # fp32 sums of dQ, (B, Hq, Nq, D) contiguous, filled by the dK/dV kernel
-            given["DQACC"] = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+            # (a packed batch's: (Hq, Tq, D), its query rows as they are packed)
+            sums = q.shape[1:] if self.problem.varlen else q.shape
+            given["DQACC"] = torch.zeros(sums, device=q.device, dtype=torch.float32)
         if self.gluon is not None:
             if self.ds_matmul:
                 # (compiling only: the first chunk's launches are the call's specialisation)
@@ -287,7 +291,7 @@ class BackwardLaunch:
         else:
             run("attn_bwd_dkdv", grids["dkdv"], given)
         if self.atomic:
-            run("attn_bwd_dq_store", grids["delta"], given)
+            run("attn_bwd_dq_store", grids["dq_store"], given)
         else:
             run("attn_bwd_dq", grids["dq"], given)
         return dq, dk, dv

@@ -185,7 +185,8 @@ def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> li
 def space_for(arch: str, direction: str = "fwd", varlen: bool = False) -> SearchSpace:
     """The space ``fa2gen tune`` searches for ``direction`` on ``arch``; ``varlen``: a packed
     batch's, which runs on the plain grid with pointer loads (the forward also in-kernel
-    descriptors, in the Triton template and the Gluon one), dQ in its own kernel."""
+    descriptors, in the Triton template and the Gluon one), dQ in its own kernel or added into
+    fp32 sums (dq_mode atomic)."""
     if arch not in SPACES:
         raise ValueError(f"--arch: no search space for {arch!r}; choose from {', '.join(SPACES)}")
     assert arch in ARCHES
@@ -195,7 +196,9 @@ def space_for(arch: str, direction: str = "fwd", varlen: bool = False) -> Search
         hopper = direction in ("fwd", "bwd") and "tma_device" in SPACES[arch].loads
         loads = ("pointer", "tma_device") if hopper else ("pointer",)
         gluon = space.gluon if hopper else (0,)
-        space = replace(space, loads=loads, dq_mode=("separate",), persistent=(0,), gluon=gluon)
+        # (dQ in its own kernel, or added into fp32 sums by packed row: the one pass at D=64)
+        dq_mode = tuple(m for m in space.dq_mode if m in ("separate", "atomic"))
+        space = replace(space, loads=loads, dq_mode=dq_mode, persistent=(0,), gluon=gluon)
     # with the knobs of the direction's templates that this arch searches
     extra = tuple(
         (k.name, k.searched[arch]) for t in direction_templates(direction) for k in t.knobs if arch in k.searched

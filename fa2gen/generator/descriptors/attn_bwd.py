@@ -44,6 +44,7 @@ class AttnBwd(BackwardTemplate):
         # (LSE and delta are (Hq, Tq))
         cu_q, cu_qk = (tensors("CU_Q", "i32"), tensors("CU_Q CU_K", "i32")) if spec.varlen else ((), ())
         tq = ints("Tq") if spec.varlen else ()
+        sums_rows = "Tq" if spec.varlen else "Nq"  # (dQ's sums of a packed batch: (Hq, Tq, D))
         delta = Kernel(
             "attn_bwd_delta",
             tensors("O", "out")
@@ -58,7 +59,7 @@ class AttnBwd(BackwardTemplate):
         )
         dq_store = Kernel(
             "attn_bwd_dq_store",
-            tensors("DQACC", "fp32") + tensors("DQ") + STRIDES["DQ"] + ints("Hq Nq") + floats("sm_scale"),
+            tensors("DQACC", "fp32") + tensors("DQ") + STRIDES["DQ"] + ints(f"Hq {sums_rows}") + floats("sm_scale"),
             rows,
             passes,
         )

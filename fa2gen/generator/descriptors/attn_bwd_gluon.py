@@ -60,7 +60,7 @@ class AttnBwdGluon(BackwardTemplate):
             return "the Gluon backward kernels take no mask or a causal one, without softcap"
         if spec.head_dim not in GLUON_HEAD_DIMS:
             return f"the Gluon backward kernels take head dims {GLUON_HEAD_DIMS}, not {spec.head_dim}"
-        # (a packed batch: the base rules, in-kernel descriptors and dQ in its own kernel)
+        # (a packed batch: the base rules, in-kernel descriptors, dQ in its own kernel or the one pass)
         if not spec.varlen and (params.loads != "tma_host" or params.dq_mode not in ("separate", "matmul", "atomic")):
             return (
                 "the Gluon backward kernels read through host descriptors, dQ in its own kernel, by a matmul or "
@@ -137,8 +137,9 @@ class AttnBwdGluon(BackwardTemplate):
         return (dkdv,)
 
     def candidates(self, spec):
-        if spec.varlen:  # (a packed batch: descriptors built in the kernels, dQ in its own kernel)
-            return tuple(p.replace(loads="tma_device") for p in GLUON_BWD_CANDIDATES if p.dq_mode == "separate")
+        if spec.varlen:  # (a packed batch: descriptors built in the kernels; dQ in its own kernel or the one pass)
+            keep = ("separate", "atomic")
+            return tuple(p.replace(loads="tma_device") for p in GLUON_BWD_CANDIDATES if p.dq_mode in keep)
         return GLUON_BWD_CANDIDATES
 
     def prune(self, arch, spec, params):

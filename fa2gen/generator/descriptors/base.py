@@ -240,12 +240,11 @@ class BackwardTemplate(Template):
             return "the backward takes in-kernel descriptors in the Gluon kernels of a packed batch only"
         if params.persistent:
             return "persistent is a forward knob; the backward takes the default 0"
-        if spec.varlen and (
-            params.loads != ("tma_device" if params.gluon else "pointer") or params.dq_mode != "separate"
-        ):
+        packed_loads = "tma_device" if params.gluon else "pointer"
+        if spec.varlen and (params.loads != packed_loads or params.dq_mode not in ("separate", "atomic")):
             return (
                 "packed batches (varlen) run the Triton template's pointer loads or the Gluon kernels' in-kernel "
-                "descriptors, dQ in its own kernel"
+                "descriptors, dQ in its own kernel or added into fp32 sums (dq_mode separate or atomic)"
             )
         if (spec.alibi or spec.dropout) and params.gluon:
             return "ALiBi and dropout run in the Triton template (gluon=0)"
