@@ -50,7 +50,7 @@ def test_opcheck_fp8_varlen_and_kvcache():
     torch.library.opcheck(torch.ops.fa2gen.attention_fp8.default, fp8_args, test_utils=utils)
     q, k, v, cq, ck = packed([5, 0, 13], [7, 3, 13], Hq=4, Hkv=2, D=32, seed=1)
     q, k, v = leaves(q, k, v)
-    options = (cq, ck, 13, 13, True, None, -1, 0, 0.0, None, 0.0, None)
+    options = (cq, ck, 13, 13, True, None, -1, 0, 0.0, False, None, 0.0, None)
     torch.library.opcheck(torch.ops.fa2gen.attention_varlen.default, (q, k, v, *options))
     out, lse = torch.ops.fa2gen.attention_varlen(q, k, v, *options)
     args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse, *options)

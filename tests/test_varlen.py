@@ -170,6 +170,41 @@ def test_a_packed_batchs_dq_sums_by_row_match_the_reference(options):
     backward_checked(q, k, v, cq, ck, problem, params, dout, BackwardLaunch(problem, params))
 
 
+def test_the_sm90_default_of_a_packed_d64_backward_is_the_one_pass_unless_deterministic():
+    from fa2gen.generator.spec import unsupported
+    from fa2gen.runtime.defaults import default_params
+
+    for mask in ("none", "causal"):
+        spec = KernelSpec(direction="bwd", head_dim=64, mask=mask, dtype="bf16", varlen=True)
+        one_pass, plain = (default_params(spec, "sm90", 2048, atomics=a) for a in (True, False))
+        assert (one_pass.dq_mode, one_pass.gluon, one_pass.loads) == ("atomic", 1, "tma_device")
+        assert plain.dq_mode == "separate" and unsupported(spec, plain) is None
+    local = KernelSpec(direction="bwd", head_dim=64, mask="local", dtype="bf16", varlen=True)
+    assert default_params(local, "sm90", 2048).dq_mode == "separate"  # (the Gluon kernels take no window)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("how", ["flag", "torch", "neither"])
+def test_a_deterministic_packed_backward_never_adds_dq_with_atomics(monkeypatch, how):
+    """A tuned packed backward may add dQ with atomics; deterministic=True, or torch's global
+    switch, runs dQ in its own kernel instead."""
+    import fa2gen.runtime.autograd as autograd
+    from fa2gen.runtime import dispatch
+
+    dispatch.clear_memo()
+    atomic = TuningParams(32, 16, 4, 1, dq_mode="atomic")
+    monkeypatch.setattr(autograd, "select_params", lambda problem, device, direction: atomic)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: how == "torch")
+    built, real = [], autograd.BackwardLaunch
+    monkeypatch.setattr(autograd, "BackwardLaunch", lambda problem, p: built.append(p) or real(problem, p))
+    lengths = LENGTHS[1]
+    q, k, v, cq, ck = packed(*lengths, Hq=4, Hkv=2, D=32, seed=7)
+    problem = make_varlen_problem(q, k, v, cq, ck, max(lengths[0]), max(lengths[1]), causal=True)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(8)).to(q.dtype)
+    check_gradients(q, k, v, cq, ck, problem, {"causal": True, "deterministic": how == "flag"}, dout)
+    assert [p.dq_mode for p in built] == ["atomic" if how == "neither" else "separate"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (100, 0)}], ids=str)
@@ -283,6 +318,26 @@ def test_the_gluon_backward_on_a_packed_batch(D, options, params):
         launch = launch or BackwardLaunch(problem, params)
         backward_checked(q, k, v, cq, ck, problem, params, dout, launch)
         assert launch._fallback is None, "the launch fell back from the Gluon kernels"
+
+
+@pytest.mark.gpu
+def test_a_deterministic_packed_backward_is_bit_identical_on_the_gpu():
+    """D=64 packed backwards may add dQ with atomics (the one pass); deterministic=True gives
+    the same bits twice, and its kept launch adds nothing with atomics."""
+    from fa2gen.runtime import dispatch
+
+    dispatch.clear_memo()
+    lq, lk = [0, 1, 4096, 777, 1], [5, 1, 4096, 1000, 0]
+    q, k, v, cq, ck = packed(lq, lk, Hq=8, Hkv=2, D=64, dtype=torch.bfloat16, device="cuda", seed=9)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(10)).to(q.dtype).cuda()
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        fa2gen.attention_varlen(*leaves, cq, ck, 4096, 4096, causal=True, deterministic=True).backward(dout)
+        grads.append([t.grad for t in leaves])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    [kept] = dispatch._launches.values()
+    assert [p.params.dq_mode for p in kept.backward.values()] == ["separate"]
 
 
 @pytest.mark.gpu

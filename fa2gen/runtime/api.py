@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from ..generator.cache import interpreting
-from .autograd import differentiable, run_backward
+from .autograd import backward_launch, differentiable, run_backward
 from .backward import BackwardLaunch
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
@@ -38,13 +38,17 @@ class _Varlen:
 
     problem: object
     launch: Launch
-    backward: list  # [BackwardLaunch or None]
+    backward: dict  # {deterministic: BackwardLaunch}
     device: object  # its DeviceInfo (None: the interpreter)
 
-    def backward_launch(self) -> BackwardLaunch:
-        if self.backward[0] is None:
-            self.backward[0] = BackwardLaunch(self.problem, select_params(self.problem, self.device, "bwd"))
-        return self.backward[0]
+    def backward_launch(self, deterministic: bool) -> BackwardLaunch:
+        """The backward's launch; ``deterministic`` (or torch.use_deterministic_algorithms):
+        one without atomics."""
+        deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+        launch = self.backward.get(deterministic)
+        if launch is None:
+            launch = self.backward[deterministic] = backward_launch(self.problem, self.device, deterministic)
+        return launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,9 +249,9 @@ def attention_varlen(
     ``attention()``. dropout_p: as in ``attention()``; a packed batch's mask streams are its
     query heads, its rows the packed query rows (``fa2gen.runtime.dropout.problem_mask``).
     causal (bottom-right aligned within each sequence), sm_scale, window_size and softcap as
-    in ``attention()``; deterministic is accepted for flash-attention's signature (the forward
-    and backward have no atomics). Differentiable in q, k and v (generated backward kernels,
-    dQ in its own kernel).
+    in ``attention()``; deterministic: bit-identical gradients across runs, as in
+    ``attention()`` (a backward that adds dQ with atomics computes it in its own kernel
+    instead). Differentiable in q, k and v (generated backward kernels).
     Under ``torch.compile``: the custom operator ``fa2gen::attention_varlen`` (``runtime.ops``).
     Returns out (total_q, Hq, D), or (out, lse) with lse (Hq, total_q) fp32.
     """
@@ -310,7 +314,7 @@ def _kept_varlen(
         # the call shape's launches, kept for its next calls (CUDA)
         index = _index(q) if q.is_cuda else None
         info = None if index is None else cuda_device_info(index)
-        kept = _Varlen(problem, Launch(problem, select_params(problem, info)), [None], info)
+        kept = _Varlen(problem, Launch(problem, select_params(problem, info)), {}, info)
         if key is not None:
             remember_launch(key, kept)
     return kept, problem
@@ -346,7 +350,8 @@ def eager_attention_varlen(
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, problem)
         with contextlib.nullcontext() if index is None else torch.cuda.device(index):  # (Triton launches there)
             if grad:
-                out, lse = VarlenAttention.apply(*args, kept.launch, kept.backward_launch(), alibi, dropout)
+                backward = kept.backward_launch(deterministic)
+                out, lse = VarlenAttention.apply(*args, kept.launch, backward, alibi, dropout)
             else:
                 out, lse = varlen_forward(*args, kept.launch.params, launch=kept.launch, alibi=alibi, dropout=dropout)
     else:
@@ -371,6 +376,7 @@ def eager_attention_varlen_backward(
     sm_scale,
     window_size,
     softcap,
+    deterministic,
     alibi_slopes,
     dropout_p,
     seed,
@@ -394,7 +400,7 @@ def eager_attention_varlen_backward(
         cu_seqlens_q,
         cu_seqlens_k,
         problem,
-        kept.backward_launch(),
+        kept.backward_launch(deterministic),
         alibi=alibi,
         dropout=dropout,
     )

@@ -61,12 +61,18 @@ def run_backward(q, k, v, out, lse, dout, problem, deterministic: bool, launches
 
 def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
     device = cuda_device_info(q.get_device()) if q.is_cuda else None  # (None: the interpreter)
+    return backward_launch(problem, device, deterministic)
+
+
+def backward_launch(problem, device, deterministic: bool) -> BackwardLaunch:
+    """The backward launch of ``problem`` on ``device`` (a DeviceInfo, None for the
+    interpreter); ``deterministic``: without atomics (dQ in its own kernel)."""
     params = select_params(problem, device, "bwd")
     if deterministic:  # atomics add in no fixed order: dQ in a kernel of its own
         if params.dq_mode == "atomic" and params.gluon:
             # the one pass's tiles (128 keys by 64 queries, 12 warps) suit no other form of
             # the Gluon dK/dV kernel: the default backward instead
-            params = bucket_default(Bucket.of(problem, "bwd"), device.arch if device else "cpu")
+            params = bucket_default(Bucket.of(problem, "bwd"), device.arch if device else "cpu", atomics=False)
         params = params.replace(dq_mode="separate")
     return BackwardLaunch(problem, params)
 

@@ -185,14 +185,16 @@ def attention_varlen_op(
     window_left: int,
     window_right: int,
     softcap: float,
+    deterministic: bool,
     alibi_slopes: Tensor | None,
     dropout_p: float,
     seed: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    window = (window_left, window_right)
     with torch.no_grad():
         out, lse = api.eager_attention_varlen(
-            *call, causal, sm_scale, (window_left, window_right), softcap, False, False, alibi_slopes, dropout_p, seed
+            *call, causal, sm_scale, window, softcap, deterministic, False, alibi_slopes, dropout_p, seed
         )
     return _like(out, q), lse.contiguous()
 
@@ -219,13 +221,14 @@ def attention_varlen_backward_op(
     window_left: int,
     window_right: int,
     softcap: float,
+    deterministic: bool,
     alibi_slopes: Tensor | None,
     dropout_p: float,
     seed: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     call = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    window = (window_left, window_right)
-    grads = api.eager_attention_varlen_backward(*call, causal, sm_scale, window, softcap, alibi_slopes, dropout_p, seed)
+    options = (causal, sm_scale, (window_left, window_right), softcap, deterministic)
+    grads = api.eager_attention_varlen_backward(*call, *options, alibi_slopes, dropout_p, seed)
     return tuple(_like(g, t) for g, t in zip(grads, (q, k, v)))
 
 
@@ -235,11 +238,11 @@ def _(dout, q, k, v, *rest):
 
 
 def _varlen_setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, wl, wr, softcap, alibi, dropout_p, seed = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, sm_scale, wl, wr, softcap, deterministic, alibi, dropout_p, seed = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, seed)
     ctx.sizes = (max_q, max_k)
-    ctx.options = (causal, sm_scale, wl, wr, softcap)
+    ctx.options = (causal, sm_scale, wl, wr, softcap, deterministic)
     ctx.dropout_p = dropout_p
     ctx.mark_non_differentiable(lse)
 
@@ -249,7 +252,7 @@ def _varlen_backward(ctx, dout, _dlse):
     grads = attention_varlen_backward_op(
         dout, q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, *ctx.options, alibi, ctx.dropout_p, seed
     )
-    return (*grads, *([None] * 12))
+    return (*grads, *([None] * 13))
 
 
 attention_varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup)
@@ -282,7 +285,7 @@ def compiled_attention_varlen(
     p = check_dropout(dropout_p)
     seed = draw_seed(q.device) if p > 0.0 else None
     call = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    out, lse = attention_varlen_op(*call, causal, sm_scale, wl, wr, softcap, alibi_slopes, p, seed)
+    out, lse = attention_varlen_op(*call, causal, sm_scale, wl, wr, softcap, deterministic, alibi_slopes, p, seed)
     return (out, lse) if return_lse else out
 
 
