@@ -212,7 +212,7 @@ def test_packed_batch_defaults_compile_for_sm90():
     ran 0.82x the dense forward against the spill-free pointer loads' 0.74x (H100, bf16, 16k
     tokens in sequences of 1 to 8k, same run): at most 128 B; the backward's within the
     backward defaults' limit (its dense tiles spill about as much: 264-564 B in dK/dV at D=64
-    and 128)."""
+    and 128), and the D=64 one pass's without spills."""
     code = textwrap.dedent("""
         import json
         from fa2gen.generator.ahead import compile_for
@@ -233,7 +233,8 @@ def test_packed_batch_defaults_compile_for_sm90():
         if direction == "fwd":
             allowed = 128 if (d, mask) == (128, "causal") else 0
             assert set(spills) == {"attn_fwd"} and spills["attn_fwd"] <= allowed, (d, mask, spills)
-        else:
-            assert set(spills) == {"attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"}, spills
-            assert spills["attn_bwd_delta"] == 0 and spills["attn_bwd_dq"] == 0, (d, mask, spills)
-            assert spills["attn_bwd_dkdv"] <= SPILL_LIMIT["bwd"], (d, mask, spills)
+        else:  # (D=64: the one pass, its dQ sums stored by a pass of their own)
+            last = "attn_bwd_dq_store" if d == 64 else "attn_bwd_dq"
+            assert set(spills) == {"attn_bwd_delta", "attn_bwd_dkdv", last}, spills
+            assert spills["attn_bwd_delta"] == 0 and spills[last] == 0, (d, mask, spills)
+            assert spills["attn_bwd_dkdv"] <= (0 if d == 64 else SPILL_LIMIT["bwd"]), (d, mask, spills)
