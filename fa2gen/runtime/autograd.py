@@ -47,7 +47,7 @@ def run_backward(q, k, v, out, lse, dout, problem, deterministic: bool, launches
     """(dq, dk, dv) of a forward's call: the backward launch kept in ``launches`` (a forward
     ``Launch``'s ``backward``, or None to build one), for ``deterministic`` or
     ``torch.use_deterministic_algorithms``."""
-    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+    deterministic = wants_deterministic(deterministic)
     launch = None if launches is None else launches.get(deterministic)
     if launch is None:
         launch = _backward_launch(q, problem, deterministic)
@@ -57,6 +57,12 @@ def run_backward(q, k, v, out, lse, dout, problem, deterministic: bool, launches
         with torch.cuda.device(q.get_device()):  # Triton launches on the current device
             return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
     return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
+
+
+def wants_deterministic(flag: bool) -> bool:
+    """Whether a backward must add nothing with atomics: the call's flag, or
+    torch.use_deterministic_algorithms(True)."""
+    return bool(flag) or torch.are_deterministic_algorithms_enabled()
 
 
 def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
