@@ -49,7 +49,7 @@ WS1 = TuningParams(block_m=64, block_n=64, num_warps=4, num_stages=3, loads="tma
         (KernelSpec(head_dim=64), WS1.replace(loads="tma_device"), "dense tensors through loads=tma_host"),
         (KernelSpec(head_dim=64, varlen=True), WS1, "plain grid"),
         (KernelSpec(head_dim=64, varlen=True), WS1.replace(loads="pointer"), "packed batch through loads=tma_device"),
-        (KernelSpec(head_dim=64, varlen=True), WS2.replace(loads="tma_device", persistent=1), "plain grid"),
+        (KernelSpec(head_dim=64, varlen=True), TuningParams(128, 64, 8, 3, "pointer", persistent=1), "Gluon forward"),
     ],
 )
 def test_rules_name_what_the_gluon_forward_cannot_do(spec, params, match):
@@ -155,17 +155,40 @@ def test_a_packed_batch_builds_each_sequences_descriptors_in_the_partitions_that
     assert "tma.make_tensor_descriptor" not in kernel_body(src) and "Tq + q0 + rows" in compute
     dense = render(KernelSpec(dtype="bf16", head_dim=128, mask="causal"), WS2, name="x")
     assert "_sequence" not in dense and "make_tensor_descriptor" not in dense
-    # the tuner's packed spaces hold the Gluon kernels (the forward's plain grid), descriptors built in them
+    # the tuner's packed spaces hold the Gluon kernels (the forward's plain grid and one
+    # persistent program an SM), descriptors built in them
     space = space_for("sm90", "fwd", varlen=True)
     assert (
         space.gluon == (0, 1, 2)
-        and space.persistent == (0,)
+        and space.persistent == (0, 1)
         and space_for("sm90", "bwd", varlen=True).gluon == (0, 1, 2)
+        and space_for("sm90", "bwd", varlen=True).persistent == (0,)
     )
     bucket = Bucket("fwd", "bf16", 128, "causal", False, 1, 8192, 8192, 16, varlen=True)
     assert gluon_candidates(space, bucket.kernel_spec(), bucket) == [
-        p.replace(loads="tma_device") for p in GLUON_CANDIDATES if not p.persistent
+        p.replace(loads="tma_device")
+        for p in GLUON_CANDIDATES
+        if not p.persistent or (p.persistent == 1 and p.block_n == 128)
     ]
+
+
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_a_persistent_packed_program_claims_tiles_and_builds_descriptors_per_tile(mask):
+    """One program an SM on a packed batch: its loader claims tiles from the queue (with or
+    without a mask), skips those past their sequence's end, and builds each tile's Q, K and V
+    descriptors once the loads that read the last ones have landed; the compute partitions
+    store O through the packed pointer, masked at the sequence's end (a box would cross into
+    the next sequence)."""
+    spec = KernelSpec(dtype="bf16", head_dim=64, mask=mask, varlen=True)
+    params = WS2.replace(loads="tma_device", persistent=1)
+    src = render(spec, params, name=Variant(spec, params).name)
+    [k] = AttnFwdGluon().kernels(spec, params)
+    assert "TILES" in [a.name for a in k.args]
+    loader, compute = (src.split(f"def {f}(")[1].split("\n@gluon")[0] for f in ("_loader", "_compute"))
+    assert loader.count("_claim_live(") == 2 and loader.count("_sequence(") == 3
+    assert loader.index("_landed(") < loader.index("_sequence(")
+    assert "_sequence(" not in compute and "_packed_tile(" in compute and "gl.store(o_ptrs" in compute
+    assert "tma_store(" not in compute and "return" not in kernel_body(src).split("gl.warp_specialize")[0]
 
 
 def kernel_body(src: str) -> str:
@@ -299,15 +322,19 @@ SPILL_ALLOWED = {
     "m128 n128 w8 s2 tma_host persistent1 gluon2": 256,
     "m128 n128 w8 s3 tma_host persistent1 gluon2": 100 if compat.version() < (3, 7) else 204,
     "m64 n64 w4 s3 tma_host persistent3 gluon1": 32,
+    # a packed batch's persistent forms, at D=128 under the causal mask: 12 B and 52 B (3.6)
+    "m128 n128 w8 s2 tma_device persistent1 gluon2": 256,
+    "m128 n128 w8 s3 tma_device persistent1 gluon2": 100 if compat.version() < (3, 7) else 204,
 }
 
 
 def test_compiles_for_sm90_without_spills():
     got = compiled_child(_CHILD)
     at_d64 = [p for p in GLUON_CANDIDATES if p.persistent == 3]  # compiled for the D=64 spec alone
-    plain = [p for p in GLUON_CANDIDATES if not p.persistent]  # a packed batch's
-    assert at_d64 and len(got) == 3 * len(GLUON_CANDIDATES) - 2 * len(at_d64) + len(GLUON_FP8_CANDIDATES) + len(plain)
-    assert sum("tma_device" in k["label"] for k in got) == len(plain)
+    # a packed batch's: the plain grid's and one persistent program an SM on 128 x 128 tiles
+    packed = [p for p in GLUON_CANDIDATES if not p.persistent or (p.persistent == 1 and p.block_n == 128)]
+    assert at_d64 and len(got) == 3 * len(GLUON_CANDIDATES) - 2 * len(at_d64) + len(GLUON_FP8_CANDIDATES) + len(packed)
+    assert sum("tma_device" in k["label"] for k in got) == len(packed)
     for k in got:
         # warp-specialised (registers moved between partitions), asynchronous wgmma with one
         # group left in flight (but on fp8's 256-key steps, whose matmuls take turns), nothing

@@ -263,6 +263,9 @@ GLUON_VARLEN = [
     TuningParams(128, 128, 8, 2, "tma_device", gluon=2),
     TuningParams(128, 64, 8, 3, "tma_device", gluon=2),
     TuningParams(64, 64, 4, 3, "tma_device", gluon=1),
+    # one program an SM, taking tiles from the queue and skipping the empty ones
+    TuningParams(128, 128, 8, 2, "tma_device", persistent=1, gluon=2),
+    TuningParams(128, 128, 8, 3, "tma_device", persistent=1, gluon=2),
 ]
 
 

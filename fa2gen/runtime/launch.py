@@ -334,7 +334,7 @@ class Launch:
                 given[f"stride_ds{t}_b"], given[f"stride_ds{t}_h"] = stride_b, stride_h
         if self._queue:
             given["TILES"] = zero_counters(q.device, 2)
-        elif self.params.loads == "tma_device" and q.is_cuda:
+        if self.params.loads == "tma_device" and q.is_cuda:
             ensure_allocator()
         fn, binding, options = self.bound
         return fn, binding(given), options

@@ -198,7 +198,9 @@ def space_for(arch: str, direction: str = "fwd", varlen: bool = False) -> Search
         gluon = space.gluon if hopper else (0,)
         # (dQ in its own kernel, or added into fp32 sums by packed row: the one pass at D=64)
         dq_mode = tuple(m for m in space.dq_mode if m in ("separate", "atomic"))
-        space = replace(space, loads=loads, dq_mode=dq_mode, persistent=(0,), gluon=gluon)
+        # (persistent: the Gluon forward's programs on the queue)
+        persistent = (0, 1) if hopper and direction == "fwd" else (0,)
+        space = replace(space, loads=loads, dq_mode=dq_mode, persistent=persistent, gluon=gluon)
     # with the knobs of the direction's templates that this arch searches
     extra = tuple(
         (k.name, k.searched[arch]) for t in direction_templates(direction) for k in t.knobs if arch in k.searched

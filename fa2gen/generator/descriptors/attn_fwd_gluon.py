@@ -135,8 +135,8 @@ class AttnFwdGluon(ForwardTemplate):
             "BLOCK_N": params.block_n,
             "STAGES": params.num_stages,
         }
-        # the causal persistent form takes its tiles from a counter (TILES)
-        queue = tensors("TILES", "i32") if params.persistent and spec.mask == "causal" else ()
+        # the causal persistent form, and a packed batch's, take their tiles from a counter (TILES)
+        queue = tensors("TILES", "i32") if params.persistent and (spec.mask == "causal" or spec.varlen) else ()
         args = self.io_args(spec) + self.descale_strides(spec) + queue
         if spec.varlen:
             # pointers with their head and row strides (the kernel builds each sequence's
@@ -153,8 +153,9 @@ class AttnFwdGluon(ForwardTemplate):
     def candidates(self, spec):
         # fp8's own first: a short study reaches only the warm start's head (the bucket's own
         # and earlier entries and the neighbours' come before the candidates)
-        if spec.varlen:  # (a packed batch: the plain grid, descriptors built per sequence)
-            return tuple(p.replace(loads="tma_device") for p in GLUON_CANDIDATES if not p.persistent)
+        if spec.varlen:  # (a packed batch: descriptors built per sequence; persistent 128 x 128 forms)
+            keep = [p for p in GLUON_CANDIDATES if not p.persistent or (p.persistent == 1 and p.block_n == 128)]
+            return tuple(p.replace(loads="tma_device") for p in keep)
         return (GLUON_FP8_CANDIDATES if spec.fp8 else ()) + GLUON_CANDIDATES
 
     def prune(self, arch, spec, params):

@@ -198,10 +198,14 @@ class ForwardTemplate(Template):
     def unsupported(self, spec: KernelSpec, params: TuningParams) -> str | None:
         if params.dq_mode != "separate":
             return "dq_mode is a backward knob; the forward takes the default 'separate'"
-        if spec.varlen and (params.loads == "tma_host" or params.persistent):
+        if spec.varlen and (params.loads == "tma_host" or (params.persistent and not params.gluon)):
             # (a host descriptor spans the whole packed tensor: its boxes would cross into the
-            # next sequence; in-kernel ones are built per sequence and stop at its end)
-            return "packed batches (varlen) run on the plain grid, with pointer loads or in-kernel descriptors"
+            # next sequence; in-kernel ones are built per sequence and stop at its end. The
+            # Gluon forward's persistent programs take tiles from a queue and build them per tile.)
+            return (
+                "packed batches (varlen) run with pointer loads or in-kernel descriptors, on the plain grid "
+                "(persistent: the Gluon forward only)"
+            )
         if (spec.alibi or spec.dropout) and params.gluon:
             return "ALiBi and dropout run in the Triton template (gluon=0)"
         if params.persistent == 3 and (params.gluon != 1 or params.block_m != 64):
