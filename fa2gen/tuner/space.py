@@ -185,8 +185,8 @@ def gluon_candidates(space: SearchSpace, spec: KernelSpec, bucket: Bucket) -> li
 def space_for(arch: str, direction: str = "fwd", varlen: bool = False) -> SearchSpace:
     """The space ``fa2gen tune`` searches for ``direction`` on ``arch``; ``varlen``: a packed
     batch's, which runs on the plain grid with pointer loads (the forward also in-kernel
-    descriptors, in the Triton template and the Gluon one), dQ in its own kernel or added into
-    fp32 sums (dq_mode atomic)."""
+    descriptors, in the Triton template and the Gluon one, whose programs may also be
+    persistent), dQ in its own kernel or added into fp32 sums (dq_mode atomic)."""
     if arch not in SPACES:
         raise ValueError(f"--arch: no search space for {arch!r}; choose from {', '.join(SPACES)}")
     assert arch in ARCHES
