@@ -153,7 +153,9 @@ class AttnFwdGluon(ForwardTemplate):
     def candidates(self, spec):
         # fp8's own first: a short study reaches only the warm start's head (the bucket's own
         # and earlier entries and the neighbours' come before the candidates)
-        if spec.varlen:  # (a packed batch: descriptors built per sequence; persistent 128 x 128 forms)
+        # A packed batch: descriptors built per sequence, on the plain grid or one persistent
+        # program an SM on 128 x 128 tiles (the persistent forms its GPU tests cover)
+        if spec.varlen:
             keep = [p for p in GLUON_CANDIDATES if not p.persistent or (p.persistent == 1 and p.block_n == 128)]
             return tuple(p.replace(loads="tma_device") for p in keep)
         return (GLUON_FP8_CANDIDATES if spec.fp8 else ()) + GLUON_CANDIDATES
