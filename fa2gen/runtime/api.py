@@ -11,7 +11,7 @@ import warnings
 import torch
 
 from ..generator.cache import interpreting
-from .autograd import backward_launch, differentiable, run_backward, wants_deterministic
+from .autograd import differentiable, kept_backward, run_backward
 from .backward import BackwardLaunch
 from .device import cuda_device_info
 from .dispatch import cached_launch, remember_launch, select_params
@@ -44,11 +44,7 @@ class _Varlen:
     def backward_launch(self, deterministic: bool) -> BackwardLaunch:
         """The backward's launch; ``deterministic`` (or torch.use_deterministic_algorithms):
         one without atomics."""
-        deterministic = wants_deterministic(deterministic)
-        launch = self.backward.get(deterministic)
-        if launch is None:
-            launch = self.backward[deterministic] = backward_launch(self.problem, self.device, deterministic)
-        return launch
+        return kept_backward(self.backward, self.problem, self.device, deterministic)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,27 +47,22 @@ def run_backward(q, k, v, out, lse, dout, problem, deterministic: bool, launches
     """(dq, dk, dv) of a forward's call: the backward launch kept in ``launches`` (a forward
     ``Launch``'s ``backward``, or None to build one), for ``deterministic`` or
     ``torch.use_deterministic_algorithms``."""
-    deterministic = wants_deterministic(deterministic)
-    launch = None if launches is None else launches.get(deterministic)
-    if launch is None:
-        launch = _backward_launch(q, problem, deterministic)
-        if launches is not None:
-            launches[deterministic] = launch
+    device = cuda_device_info(q.get_device()) if q.is_cuda else None  # (None: the interpreter)
+    launch = kept_backward({} if launches is None else launches, problem, device, deterministic)
     if q.is_cuda and q.get_device() != torch.cuda.current_device():
         with torch.cuda.device(q.get_device()):  # Triton launches on the current device
             return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
     return launch.run(q, k, v, out, lse, dout, alibi=alibi, dropout=dropout)
 
 
-def wants_deterministic(flag: bool) -> bool:
-    """Whether a backward must add nothing with atomics: the call's flag, or
-    torch.use_deterministic_algorithms(True)."""
-    return bool(flag) or torch.are_deterministic_algorithms_enabled()
-
-
-def _backward_launch(q, problem, deterministic: bool) -> BackwardLaunch:
-    device = cuda_device_info(q.get_device()) if q.is_cuda else None  # (None: the interpreter)
-    return backward_launch(problem, device, deterministic)
+def kept_backward(launches: dict, problem, device, deterministic: bool) -> BackwardLaunch:
+    """The backward launch kept in ``launches`` (by whether it must be deterministic: the
+    call's flag, or torch.use_deterministic_algorithms(True)), built and kept there first."""
+    deterministic = bool(deterministic) or torch.are_deterministic_algorithms_enabled()
+    launch = launches.get(deterministic)
+    if launch is None:
+        launch = launches[deterministic] = backward_launch(problem, device, deterministic)
+    return launch
 
 
 def backward_launch(problem, device, deterministic: bool) -> BackwardLaunch:
