@@ -231,6 +231,8 @@ def test_each_descriptors_kernels_are_its_modules_with_their_constexprs_and_argu
 
     specs = [KernelSpec(dtype="fp16", head_dim=64), KernelSpec(dtype="fp8e4m3", head_dim=128, mask="causal")]
     specs += [KernelSpec(direction="bwd", dtype="bf16", head_dim=d, mask="causal") for d in (72, 128)]
+    # (a paged cache's page size is a constexpr of both its kernels)
+    specs += [KernelSpec(direction="decode", dtype="bf16", head_dim=128, mask="causal", paged=p) for p in (False, True)]
     for spec in specs:
         points = param_space(spec)
         for params in [p for i, p in enumerate(points) if p.gluon or i % 13 == 0]:

@@ -35,7 +35,9 @@ class CacheLaunch:
         # the combine kernel's tile
         self.combine_last = splits > 1 and decode_combine(params, splits) == "last"
         flags = {"SPLIT": int(splits > 1), "COMBINE_LAST": int(self.combine_last)}
-        decode = dataclasses.replace(decode, constexprs={**decode.constexprs, **flags})
+        page = {"PAGE_SIZE": problem.page_size} if problem.page_size else {}
+        append = dataclasses.replace(append, constexprs={**append.constexprs, **page})
+        decode = dataclasses.replace(decode, constexprs={**decode.constexprs, **flags, **page})
         pad = next_pow2(splits)
         warps = combine_warps(pad, spec.head_dim_padded)
         combine = dataclasses.replace(
@@ -61,7 +63,6 @@ class CacheLaunch:
             batch=b,
             num_splits=splits,
             rows=b * sq * hq,
-            page_size=problem.page_size,
             sm_scale=problem.sm_scale,
             softcap=problem.softcap,
             win_left=left,

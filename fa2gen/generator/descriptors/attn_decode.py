@@ -8,6 +8,8 @@ from .base import Kernel, Knob, Template, alibi_args, floats, ints, strides, ten
 
 # Rows of new keys one append program copies
 APPEND_ROWS = 16
+# A page holds a multiple of this many keys
+PAGE_ROWS = 16
 # Splits of a sequence's keys the combine kernel reads at most (its tile's first dim)
 MAX_SPLITS = 128
 
@@ -63,13 +65,16 @@ class AttnDecode(Template):
 
     def kernels(self, spec, params):
         """append_kv, attn_decode and attn_decode_combine. SPLIT (whether attn_decode writes
-        partials), COMBINE_LAST (whether its last split combines them) and SPLITS_PAD (the
-        combine's padded split count) are the launch's: it chooses the number of splits
-        (``runtime.kvcache``)."""
+        partials), COMBINE_LAST (whether its last split combines them), SPLITS_PAD (the
+        combine's padded split count) and PAGE_SIZE (the cache's) are the launch's: it chooses
+        the number of splits (``runtime.kvcache``). PAGE_SIZE is given here as the smallest
+        page, which a compile ahead of time builds."""
         dims = {"HEAD_DIM": spec.head_dim, "HEAD_DIM_PAD": spec.head_dim_padded}
         options = {"num_warps": params.num_warps, "num_stages": params.num_stages}
         table = tensors("BLOCK_TABLE", "i32") if spec.paged else ()
-        pages = strides("BLOCK_TABLE", "stride_tb") + ints("page_size") if spec.paged else ()
+        pages = strides("BLOCK_TABLE", "stride_tb") if spec.paged else ()
+        # (a page size that is a constant costs a shift, not a division, per key row)
+        page = {"PAGE_SIZE": PAGE_ROWS} if spec.paged else {}
         cache = _cache_strides("K", "k") + _cache_strides("V", "v")
         append = Kernel(
             "append_kv",
@@ -81,7 +86,7 @@ class AttnDecode(Template):
             + cache
             + pages
             + ints("Hkv Sk_new"),
-            {**dims, "APPEND_ROWS": APPEND_ROWS},
+            {**dims, "APPEND_ROWS": APPEND_ROWS, **page},
             {"num_warps": 4, "num_stages": 1},
         )
         decode = Kernel(
@@ -99,7 +104,7 @@ class AttnDecode(Template):
             + floats("sm_scale softcap")
             + ints("win_left win_right")
             + alibi_args(spec),
-            {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n, "SPLIT": 1, "COMBINE_LAST": 0},
+            {**dims, "BLOCK_M": params.block_m, "BLOCK_N": params.block_n, "SPLIT": 1, "COMBINE_LAST": 0, **page},
             options,
         )
         combine = Kernel(
