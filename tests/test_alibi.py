@@ -223,3 +223,22 @@ def test_plain_packed_and_alibi_calls_of_one_bucket_are_chosen_apart(monkeypatch
         assert dispatch.explain(problem, None) == "choice"
     assert [(p.alibi, p.varlen) for p in asked] == [(False, False), (True, False), (False, True)]
     dispatch.clear_memo()
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("extra", ["alibi", "dropout"])
+def test_a_packed_call_with_alibi_or_dropout_gets_an_sm90_default_that_runs_it(extra, head_dim):
+    """Buckets do not record ALiBi or dropout, whose calls take the bucket's default: built for
+    the call's own kernel, never the packed batch's Gluon default, which cannot run them."""
+    from fa2gen.generator.spec import unsupported
+    from fa2gen.runtime.device import DeviceInfo
+    from fa2gen.runtime.lookup import choose
+
+    q, k, v, cq, ck = packed([0, 1, 4096, 777], [0, 1, 4096, 777], Hq=8, Hkv=2, D=head_dim, seed=2)
+    plain = make_varlen_problem(q, k, v, cq, ck, 4096, 4096, causal=True)
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", (9, 0), "sm90", 132)
+    problem = dataclasses.replace(plain, **{extra: True})
+    for direction in ("fwd", "bwd"):
+        choice = choose(problem, h100, direction)
+        assert choice.source == "default"
+        assert unsupported(problem.kernel_spec(direction), choice.params) is None, (direction, choice.params)

@@ -147,15 +147,17 @@ def host_bound(bucket) -> bool:
     return 4 * b * nq * nk * d <= HOST_BOUND_FLOPS and 4 * b * (nq + nk) * d <= HOST_BOUND_BYTES
 
 
-def bucket_default(bucket, arch: str, *, atomics: bool = True) -> TuningParams:
+def bucket_default(bucket, arch: str, *, atomics: bool = True, spec: KernelSpec | None = None) -> TuningParams:
     """The default for every problem of a ``fa2gen.store.buckets.Bucket`` (sized for its
     rounded-up query length, so the whole bucket gets one answer; decode: its rounded-up
     query tokens times its rounded-up GQA group; a host-bound bucket's host descriptors
-    become pointer loads); ``atomics=False``: one whose backward adds nothing with atomics."""
+    become pointer loads); ``atomics=False``: one whose backward adds nothing with atomics.
+    ``spec``: the call's kernel, where it differs from the bucket's by what buckets do not
+    record (ALiBi, dropout), which rules out the Gluon kernels."""
+    spec = spec or bucket.kernel_spec()
     if bucket.direction == "decode":
         rows = bucket.seqlen_q * bucket.group
-        return decode_default(bucket.kernel_spec(), arch, rows, max(1, bucket.batch_heads // bucket.group))
-    spec = bucket.kernel_spec()
+        return decode_default(spec, arch, rows, max(1, bucket.batch_heads // bucket.group))
     params = default_params(spec, arch, bucket.seqlen_q, atomics=atomics)
     if params.loads == "tma_host" and host_bound(bucket):
         pointer = params.replace(loads="pointer")

@@ -196,8 +196,8 @@ def choose(problem: Problem, device: DeviceInfo | None, direction: str = "fwd") 
     arch = device.arch if device else "cpu"
     bucket = Bucket.of(problem, spec.direction)
     if spec.alibi or spec.dropout:  # nor have ALiBi and dropout (tuned entries may be Gluon's): the
-        # bucket's default, Triton's
-        return Choice(bucket_default(bucket, arch), "default")
+        # bucket's default for the call's own kernel, Triton's
+        return Choice(bucket_default(bucket, arch, spec=spec), "default")
     if device is not None and not tuned_disabled():
         validity = _validity(device)
         for exact in (True, False):  # an exact bucket from any source, then the nearest
