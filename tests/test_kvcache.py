@@ -69,6 +69,7 @@ CASES = [
     (2, 3, 4, 4, 64, 97, [97, 30], 0, 0),
     (3, 2, 6, 2, 40, 80, [0, 17, 78], 16, 2),
     (2, 5, 2, 1, 24, 128, [100, 3], 32, 5),
+    (2, 2, 4, 2, 32, 144, [100, 5], 48, 3),  # a page size that is no power of two
     (1, 1, 2, 1, 16, 400, [390], 16, 0),  # by default three splits: the combine's tile padded to 4
 ]
 
@@ -80,7 +81,7 @@ CASES = [
     ids=["default", "one-split", "four-splits", "default-last-combines", "four-splits-last-combines"],
 )
 @pytest.mark.parametrize(
-    "case", CASES, ids=["contiguous-append1", "contiguous", "paged16", "paged32-append5", "paged16-long"]
+    "case", CASES, ids=["contiguous-append1", "contiguous", "paged16", "paged32-append5", "paged48", "paged16-long"]
 )
 def test_the_decode_kernels_match_the_reference(case, splits, combine):
     B, Sq, Hq, Hkv, D, cap, lengths, page, new = case
