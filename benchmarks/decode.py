@@ -16,7 +16,12 @@ same cell.
   bottom-right causal mask where Sq > 1 (a backend that refuses is listed as such);
 - flex: compiled FlexAttention with the same mask.
 
-usage: python benchmarks/decode.py --out decode.json [--batches 1,8,64] [--keys 512,...]
+With --graphs every provider is captured into a CUDA graph and its replays are timed, as a server
+runs its decoding steps: the host's part of a call is left out, which in cells under about 30 us
+decides as much as the GPU does (L2 is flushed before every replay all the same). A provider that
+cannot be captured is listed as such.
+
+usage: python benchmarks/decode.py --out decode.json [--batches 1,8,64] [--keys 512,...] [--graphs]
 """
 
 from __future__ import annotations
@@ -28,13 +33,13 @@ import torch
 import torch.nn.functional as F
 
 import fa2gen
-from fa2gen.bench.timing import time_in_rounds, warm_window
+from fa2gen.bench.timing import graph_replay, time_in_rounds, warm_window
 
 HQ, HKV, D = 32, 8, 128
 COPY_CAP = 2 << 30
 
 
-def cell(batch, sq, keys, page, flex_fn):
+def cell(batch, sq, keys, page, flex_fn, graphs=False):
     dev, dt = "cuda", torch.bfloat16
     q = torch.randn(batch, sq, HQ, D, device=dev, dtype=dt)
     kc = torch.randn(batch, keys, HKV, D, device=dev, dtype=dt)
@@ -91,6 +96,14 @@ def cell(batch, sq, keys, page, flex_fn):
             live[name] = fn
         except Exception as e:  # a backend that cannot run this cell
             failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            continue
+        if graphs:
+            try:
+                live[name] = graph_replay(fn)
+                torch.cuda.synchronize()
+            except Exception as e:  # (a failed capture leaves the stream usable for the next)
+                del live[name]
+                failed[name] = f"not captured in a CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
     times = time_in_rounds(live, warm_window, rounds=2)
     configs = {}  # what fa2gen dispatched: its params and split count
     from fa2gen.runtime.defaults import decode_splits
@@ -123,6 +136,7 @@ def main() -> None:
     ap.add_argument("--sq", default="1,4,16")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64 * 131072, help="skip cells with more cached keys than this")
+    ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays of every provider")
     args = ap.parse_args()
     import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
@@ -133,6 +147,8 @@ def main() -> None:
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     meta["triton"] = __import__("triton").__version__
     meta["shape"] = f"bf16 D={D} Hq={HQ} Hkv={HKV}, causal where Sq > 1, caches full"
+    if args.graphs:
+        meta["timing"] = "CUDA graph replays"
     rows = []
     for sq in map(int, args.sq.split(",")):
         for batch in map(int, args.batches.split(",")):
@@ -140,7 +156,7 @@ def main() -> None:
                 if batch * keys > args.max_tokens:
                     continue
                 torch.cuda.empty_cache()  # (the last cell's tensors are gone: its caches can be large)
-                row = cell(batch, sq, keys, args.page_size, flex_fn)
+                row = cell(batch, sq, keys, args.page_size, flex_fn, args.graphs)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 with open(args.out, "w") as f:  # after every cell: a run cut short keeps its rows

@@ -230,7 +230,8 @@ def decode_section(path: str) -> None:
     rows = data["rows"]
     names = list(rows[0]["providers"])
     page = rows[0]["page_size"]
-    print(f"## Decoding over a KV cache: {data['device']} ({data['shape']})\n")
+    graphs = ", CUDA graph replays" if data.get("timing") == "CUDA graph replays" else ""
+    print(f"## Decoding over a KV cache: {data['device']} ({data['shape']}{graphs})\n")
     print(
         f"torch {data['torch']}, triton {data['triton']}; `benchmarks/decode.py`, source `{path}`. GB/s of K and V "
         "read (2·B·N·Hkv·D·2 bytes over the median time); `copy` is a device-to-device copy of as many bytes "
