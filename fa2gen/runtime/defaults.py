@@ -221,7 +221,9 @@ def default_params(spec: KernelSpec, arch: str, seqlen_q: int, *, atomics: bool 
         elif spec.head_dim == 128 and unsupported(spec, _SM90_VARLEN_GLUON_D128) is None:
             params = _SM90_VARLEN_GLUON_D128
         elif spec.head_dim == 128 and spec.mask != "local":
-            params = _SM90_VARLEN_D128
+            # (dropout's Philox draws beside the 128-row tile: two warp groups, as in the dense
+            # dropout default; one spilled 968 B, two none)
+            params = _SM90_VARLEN_D128.replace(num_warps=8) if spec.dropout else _SM90_VARLEN_D128
         else:
             params = TuningParams(128, 64, 8, 3, "pointer")
     # Short query blocks (decoding, chunked prefill): don't compute 128 rows for a handful.
