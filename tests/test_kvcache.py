@@ -115,6 +115,35 @@ def test_attention_with_kvcache_appends_and_returns_out_and_lse_for_strided_inpu
     check_cache_call(before, problem, out, lse, (kc, vc))
 
 
+def _paged_layout(kc, vc, layout):
+    """k_cache and v_cache with kc's and vc's values in another memory layout."""
+    n, rows, h, d = kc.shape
+    if layout == "interleaved":  # K's and V's pages side by side in one tensor
+        kv = torch.stack([kc, vc], 1)
+        return kv[:, 0], kv[:, 1]
+    if layout == "padded":  # pages 8 elements longer than their rows: no whole number of rows apart
+
+        def pad(t):
+            buf = torch.zeros(n, rows * h * d + 8, dtype=t.dtype)
+            buf[:, : rows * h * d] = t.reshape(n, -1)
+            return buf[:, : rows * h * d].view(n, rows, h, d)
+
+        return pad(kc), pad(vc)
+    return kc.clone(), torch.stack([vc, vc], 1)[:, 0]  # "mixed": K and V pages strided apart unlike
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("layout", ["interleaved", "padded", "mixed"])
+def test_pages_in_other_layouts_append_and_attend_in_place(layout):
+    # page strides that are no multiple of the page's rows, or differ between K and V
+    q, kc, vc, lens, table, k, v = cache_inputs(2, 2, 4, 2, 32, 80, [37, 5], page=16, new=3, seed=3)
+    kc, vc = _paged_layout(kc, vc, layout)
+    before = (q, kc.clone(), vc.clone(), lens, table, k, v)
+    problem = make_kvcache_problem(q, kc, vc, lens, table, k, v, causal=True)
+    out, lse = fa2gen.attention_with_kvcache(q, kc, vc, lens, block_table=table, k=k, v=v, causal=True, return_lse=True)
+    check_cache_call(before, problem, out, lse, (kc, vc))
+
+
 def test_the_reference_path_on_cpu_appends_like_the_kernels(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(api, "_warned_cpu", False)
