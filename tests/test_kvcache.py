@@ -348,14 +348,26 @@ def test_the_decode_space_is_the_triton_templates_pointer_loads():
 
 
 @pytest.mark.parametrize(
-    "sq, group, keys, served",
-    [(1, 4, 8192, True), (1, 4, 8191, False), (16, 8, 32768, True), (16, 8, 32767, False), (17, 1, 65536, False)],
+    "batch, sq, group, keys, served",
+    [
+        (2, 1, 4, 8192, True),
+        (2, 1, 4, 8191, False),
+        (2, 16, 8, 8192, True),
+        (2, 16, 8, 8191, False),
+        (2, 17, 1, 65536, False),
+        (32, 1, 4, 512, True),  # 64 tiles of k/v heads: from 512 keys
+        (32, 16, 4, 512, True),
+        (32, 4, 4, 511, False),
+        (31, 1, 4, 4096, False),  # 62 tiles
+        (32, 1, 1, 4096, False),  # no GQA: the dense forward reads each K/V block once already
+        (32, 1, 1, 8192, True),
+    ],
 )
-def test_which_attention_calls_the_decode_kernels_serve(sq, group, keys, served):
+def test_which_attention_calls_the_decode_kernels_serve(batch, sq, group, keys, served):
     from fa2gen.runtime.kvcache import serves_as_cache
 
-    q = torch.zeros(2, 2 * group, sq, 64, dtype=torch.bfloat16, device="meta")
-    k = torch.zeros(2, 2, keys, 64, dtype=torch.bfloat16, device="meta")
+    q = torch.zeros(batch, 2 * group, sq, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.zeros(batch, 2, keys, 64, dtype=torch.bfloat16, device="meta")
     assert serves_as_cache(make_problem(q, k, k, causal=True)) is served
 
 

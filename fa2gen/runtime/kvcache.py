@@ -184,13 +184,16 @@ def cache_forward(
 
 
 # attention() calls without a gradient that the decode kernels serve instead of the dense
-# forward: one query token from 8k keys, up to 16 from 32k, their rows (tokens x GQA group) in
-# one tile. On the H100 (bf16, D=128, 32 query heads, 8 k/v heads, same run) the decode kernels
-# read 1274-3078 GB/s there against the dense forward's 198-2416 (one token, batch 1 to 64), and
-# 1985-3204 against 289-2261 (4 and 16 tokens, 32k keys and more); below those lengths the two
-# traded places from cell to cell.
-AS_CACHE_ONE_TOKEN = 8192
-AS_CACHE_FEW_TOKENS = 32768
+# forward, their rows (up to 16 tokens x the GQA group) in one tile: from 8k keys at any batch,
+# and from 512 where the batch's k/v heads make 64 tiles or more and each k/v head serves
+# several query heads (the dense forward then reads each K/V block once per query head). On
+# the H100 (bf16, D=128, 32 query heads over 8, attention() on (B, H, N, D), one run) the
+# decode kernels took 0.55-0.96x the dense forward's time at batches 8 and 64 from 512 keys
+# (1, 4 and 16 tokens), and 0.40-0.54x at batch 1 and 8k keys; at batch 1 below 8k the dense
+# forward's shorter host path won.
+AS_CACHE_KEYS = 8192
+AS_CACHE_SHORT_KEYS = 512
+AS_CACHE_SHORT_TILES = 64
 
 
 def serves_as_cache(problem: Problem) -> bool:
@@ -201,9 +204,13 @@ def serves_as_cache(problem: Problem) -> bool:
         return False
     if problem.dropout or problem.kernel_spec().fp8:  # (the decode kernels have no dropout)
         return False
-    if problem.seqlen_q == 1:
-        return problem.seqlen_k >= AS_CACHE_ONE_TOKEN
-    return problem.seqlen_q <= 16 and problem.seqlen_k >= AS_CACHE_FEW_TOKENS
+    if problem.seqlen_k >= AS_CACHE_KEYS:
+        return True
+    return (
+        problem.seqlen_k >= AS_CACHE_SHORT_KEYS
+        and problem.group > 1
+        and problem.batch * problem.heads_kv >= AS_CACHE_SHORT_TILES
+    )
 
 
 _FULL: dict = {}
