@@ -30,6 +30,13 @@ def test_a_binding_fills_the_kernels_arguments_in_order():
         assert args[2:5] == list(q.stride()[:3]) and args[5:] == [5, h, 0.25]
 
 
+def test_a_binding_reads_a_permuted_tensors_strides_without_the_view():
+    q = torch.empty(2, 3, 5, 8)  # given as (B, H, N, D); the kernel's dims are (B, N, H)
+    bind = Binding(_kernel(), {"Nq": 5, "sm_scale": 0.25}, dims={"Q": (0, 2, 1, 3)})
+    args = bind({"Q": q, "K": torch.empty(1), "H": 3})
+    assert args[0] is q and args[2:5] == list(q.transpose(1, 2).stride()[:3])
+
+
 def test_a_binding_refuses_what_it_cannot_bind():
     with pytest.raises(ValueError, match="takes K as a host descriptor"):
         Binding(_kernel({"K": (1, 1, 4, 8)}), {})

@@ -372,18 +372,31 @@ def test_which_attention_calls_the_decode_kernels_serve(batch, sq, group, keys, 
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 @pytest.mark.parametrize("options", [{}, {"causal": True}, {"window_size": (30, 2), "softcap": 4.0}], ids=str)
-def test_dense_inputs_through_the_decode_kernels(options):
+def test_dense_inputs_through_the_decode_kernels(options, layout):
     from fa2gen.runtime.kvcache import attention_as_cache
     from fa2gen.runtime.problem import cache_problem
 
-    q, k, v = rand_qkv(2, 6, 2, 3, 150, 40, seed=9, layout="bnhd")
+    # (B, H, N, D) as attention() takes them, contiguous or strided as a cache's transposed view
+    q, k, v = rand_qkv(2, 6, 2, 3, 150, 40, seed=9, layout=layout)
     problem = cache_problem(make_problem(q, k, v, **options))
     params = decode_default(problem.kernel_spec("decode"), "cpu", 9, 4).replace(splits=4)
-    out, lse = attention_as_cache(q, k, v, CacheLaunch(problem, params, 3))
+    out, lse = attention_as_cache(q, k, v, CacheLaunch(problem, params, 3, heads_major=True))
     assert out.shape == q.shape and lse.shape == (2, 6, 3)
     verdict = check_forward(q, k, v, make_problem(q, k, v, **options), out, lse)
     assert verdict.ok, str(verdict)
+
+
+def test_a_heads_major_cache_launch_takes_only_a_full_contiguous_cache():
+    from fa2gen.runtime.problem import cache_problem
+
+    q, k, v = rand_qkv(1, 4, 2, 1, 64, 32)
+    problem = make_problem(q, k, v)
+    params = decode_default(cache_problem(problem).kernel_spec("decode"), "cpu", 9, 4)
+    for paged in (cache_problem(problem, page_size=16), cache_problem(problem, new_keys=1)):
+        with pytest.raises(ValueError, match="heads-major"):
+            CacheLaunch(paged, params, 3, heads_major=True)
 
 
 @pytest.mark.gpu

@@ -151,14 +151,16 @@ def eager_attention(
         return _attention_fp8(q, k, v, problem, launch, key, (descale_q, descale_k, descale_v))
     no_descales(descale_q, descale_k, descale_v, q.dtype)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if q.is_cuda and not grad and serves_as_cache(problem):
+    if q.is_cuda and not grad and (as_cache is not None or serves_as_cache(problem)):
         # a few query tokens over long keys, no gradient: the decode kernels (runtime.kvcache)
         if as_cache is None and key is not None:  # (a gradient call of this shape kept the dense launch)
             as_cache = cached_launch(("as-cache", *key))
         if as_cache is None:
             info = cuda_device_info(_index(q))
             cache = cache_problem(problem)
-            as_cache = _AsCache(problem, CacheLaunch(cache, select_params(cache, info, "decode"), info.sm_count))
+            as_cache = _AsCache(
+                problem, CacheLaunch(cache, select_params(cache, info, "decode"), info.sm_count, heads_major=True)
+            )
             if key is not None:
                 remember_launch(("as-cache", *key), as_cache)
         run = functools.partial(attention_as_cache, q, k, v, as_cache.launch, alibi=alibi)

@@ -20,6 +20,9 @@ class Binding:
     ``fixed``: the numbers known when the launch is built, by argument name (the call gives the
     others). ``descriptor``: makes the host descriptor over a tensor for argument ``name``:
     ``descriptor(name, box)`` returns a function of the tensor (a Gluon one carries a layout).
+    ``dims``: for tensors given in another dim order than the kernel's, by argument name, the
+    given tensor's dim that holds each of the kernel's dims (a permuted view's strides, read
+    without making the view).
 
     A call copies the list of constants, then fills in each tensor it names (its argument, and
     its strides as one slice where they are consecutive) and the numbers it gives: short
@@ -32,6 +35,7 @@ class Binding:
         kernel: Kernel,
         fixed: Mapping[str, int | float],
         descriptor: Callable[[str, tuple[int, ...]], Callable] | None = None,
+        dims: Mapping[str, tuple[int, ...]] | None = None,
     ):
         self.kernel = kernel
         self._constants = [None] * len(kernel.args)
@@ -39,7 +43,8 @@ class Binding:
         numbers = []
         for i, arg in enumerate(kernel.args):
             if arg.kind == "stride":
-                tensors.setdefault(arg.of, [-1, None, []])[2].append((arg.dim, i))
+                dim = arg.dim if dims is None or arg.of not in dims else dims[arg.of][arg.dim]
+                tensors.setdefault(arg.of, [-1, None, []])[2].append((dim, i))
             elif arg.kind == "tensor":
                 entry = tensors.setdefault(arg.name, [-1, None, []])
                 entry[0] = i

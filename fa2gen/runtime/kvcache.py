@@ -24,10 +24,26 @@ class CacheLaunch:
     """The launches of one call shape over a cache: the split count, grids and the numbers of
     the call, fixed once; built by ``attention_with_kvcache`` and kept for its calls."""
 
-    __slots__ = ("problem", "params", "spec", "kernels", "splits", "combine_last", "grids", "fixed", "bound", "_direct")
+    __slots__ = (
+        "problem",
+        "params",
+        "spec",
+        "kernels",
+        "splits",
+        "combine_last",
+        "grids",
+        "fixed",
+        "bound",
+        "heads_major",
+        "_direct",
+    )
 
-    def __init__(self, problem: Problem, params: TuningParams, sm_count: int):
-        self.problem, self.params = problem, params
+    def __init__(self, problem: Problem, params: TuningParams, sm_count: int, *, heads_major: bool = False):
+        """``heads_major``: q, out and the caches are given as attention()'s (B, H, N, D), not the
+        cache layout (B, N, H, D) (``attention_as_cache``); a full cache, no new keys, no pages."""
+        if heads_major and (problem.new_keys or problem.page_size):
+            raise ValueError("a heads-major cache launch takes a full contiguous cache without new keys")
+        self.problem, self.params, self.heads_major = problem, params, heads_major
         self.spec = spec = problem.kernel_spec("decode")
         append, decode, combine = template_of(spec, params).kernels(spec, params)
         self.splits = splits = decode_splits(problem, params, sm_count)
@@ -82,7 +98,9 @@ class CacheLaunch:
             if interpreting():
                 compat.patch_interpreter()
             module = load_module(self.spec, self.params)
-            self.bound = tuple(bound(self.spec, kernel, module, self.fixed, False) for kernel in self.kernels)
+            # (B, H, N, D) tensors' strides read as the (B, N, H, D) views' would be
+            dims = dict.fromkeys(("Q", "O", "K", "V"), (0, 2, 1, 3)) if self.heads_major else None
+            self.bound = tuple(bound(self.spec, kernel, module, self.fixed, False, dims) for kernel in self.kernels)
         given = {"Q": q, "K": k_cache, "V": v_cache, "O": out, "LSE": lse, "CACHE_SEQLENS": cache_seqlens}
         if block_table is not None:
             given["BLOCK_TABLE"] = block_table
@@ -229,13 +247,11 @@ def full_lengths(batch: int, keys: int, device) -> torch.Tensor:
 
 
 def attention_as_cache(q, k, v, launch: CacheLaunch, *, alibi=None):
-    """attention()'s (out (B, Hq, Nq, D), lse (B, Hq, Nq)) by the decode kernels: q (B, Hq, Nq, D)
-    and k, v (B, Hkv, Nk, D) viewed as the cache layout, (B, N, H, D), without copies."""
+    """attention()'s (out (B, Hq, Nq, D), lse (B, Hq, Nq)) by the decode kernels of a
+    ``heads_major`` launch: q (B, Hq, Nq, D) and k, v (B, Hkv, Nk, D) read as the cache layout
+    (B, N, H, D) through their strides, without views or copies (host time: a call of a few
+    tokens is short)."""
     p = launch.problem
     out = torch.empty_like(q)
     lengths = full_lengths(p.batch, p.seqlen_k, q.device)
-    views = [t.transpose(1, 2) for t in (q, k, v)]
-    _, lse = cache_forward(
-        *views, lengths, None, None, None, p, launch.params, launch=launch, out=out.transpose(1, 2), alibi=alibi
-    )
-    return out, lse
+    return cache_forward(q, k, v, lengths, None, None, None, p, launch.params, launch=launch, out=out, alibi=alibi)

@@ -181,11 +181,12 @@ def descriptor_maker(spec, kernel, gluon: bool):
     return make
 
 
-def bound(spec, kernel, module, fixed, gluon: bool) -> tuple:
+def bound(spec, kernel, module, fixed, gluon: bool, dims=None) -> tuple:
     """(function, ``Binding``, launch options) of one kernel of a loaded ``module``: its
-    descriptor's constexprs with its options (a Gluon kernel's: its module's ``LAUNCH``)."""
+    descriptor's constexprs with its options (a Gluon kernel's: its module's ``LAUNCH``).
+    ``dims``: ``Binding``'s, for tensors given in another dim order."""
     launch = module.LAUNCH if kernel.options is None else kernel.options
-    binding = Binding(kernel, fixed, descriptor_maker(spec, kernel, gluon))
+    binding = Binding(kernel, fixed, descriptor_maker(spec, kernel, gluon), dims)
     return getattr(module, kernel.name), binding, compat.codegen({**kernel.constexprs, **launch})
 
 
