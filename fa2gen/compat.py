@@ -252,6 +252,19 @@ def keep_launcher(kernel, grid, args, options) -> Launcher | None:
     return Launcher(device, values[len(args) :], run, function, metadata, driver.active)
 
 
+@functools.lru_cache(maxsize=1)
+def _stream_of():
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream
+
+
+def current_stream(index: int) -> int:
+    """The raw handle of device ``index``'s current stream, as the launchers read it (no
+    ``torch.cuda.Stream`` object is made: a few us of host time a call)."""
+    return _stream_of()(index)
+
+
 def pre_run_hooks(kernel) -> list:
     """Triton's own list of a JIT kernel's pre-run hooks: hooks added later show in it."""
     return kernel.pre_run_hooks

@@ -154,7 +154,8 @@ def zero_counters(device: torch.device, n: int) -> torch.Tensor:
     on replay, and every graph is captured on one stream."""
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(n, dtype=torch.int32, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, compat.current_stream(index))
     counters = _COUNTERS.get(key)
     if counters is None or counters.numel() < n:  # (a larger one replaces it: both are zero)
         counters = _COUNTERS[key] = torch.zeros(
