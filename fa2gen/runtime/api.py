@@ -104,11 +104,11 @@ def attention(
     Differentiable in q, k and v for fp16 and bf16 (generated backward kernels; the forward
     keeps only O and the log-sum-exp).
 
-    A call without a gradient of up to 16 query tokens (fp16, bf16) over 8k keys or more, or
-    over 512 or more where k and v have fewer heads than q and batch x k/v heads is 64 or more,
-    runs the decode kernels of ``attention_with_kvcache``, whose tiles share each K/V load
-    among a k/v head's query heads and whose programs split the keys, rather than the dense
-    forward (``runtime.kvcache.serves_as_cache``).
+    A call without a gradient (fp16, bf16) of one query token over 8k keys or more, of up to 16
+    over 32k or more, or of up to 16 over 512 or more where k and v have fewer heads than q and
+    batch x k/v heads is 64 or more, runs the decode kernels of ``attention_with_kvcache``,
+    whose tiles share each K/V load among a k/v head's query heads and whose programs split the
+    keys, rather than the dense forward (``runtime.kvcache.serves_as_cache``).
 
     Under ``torch.compile`` the call is one custom operator (``fa2gen::attention``, with its
     backward ``fa2gen::attention_backward``: ``runtime.ops``), which the compiler does not trace

@@ -202,14 +202,19 @@ def cache_forward(
 
 
 # attention() calls without a gradient that the decode kernels serve instead of the dense
-# forward, their rows (up to 16 tokens x the GQA group) in one tile: from 8k keys at any batch,
-# and from 512 where the batch's k/v heads make 64 tiles or more and each k/v head serves
-# several query heads (the dense forward then reads each K/V block once per query head). On
-# the H100 (bf16, D=128, 32 query heads over 8, attention() on (B, H, N, D), one run) the
-# decode kernels took 0.55-0.96x the dense forward's time at batches 8 and 64 from 512 keys
-# (1, 4 and 16 tokens), and 0.40-0.54x at batch 1 and 8k keys; at batch 1 below 8k the dense
-# forward's shorter host path won.
-AS_CACHE_KEYS = 8192
+# forward, their rows (up to 16 tokens x the GQA group) in one tile: one token from 8k keys and
+# up to 16 from 32k at any batch, and from 512 keys where the batch's k/v heads make 64 tiles or
+# more and each k/v head serves several query heads (the dense forward then reads each K/V
+# block once per query head). On the H100 (bf16, D=128, 32 query heads over 8, attention() on
+# (B, H, N, D), one run), a call through the decode kernels against the dense forward:
+# - batches 8 and 64, 512-8k keys, 1 and 16 tokens: 0.65-0.77x the time in an eager loop,
+#   0.61-1.00x as graph replays;
+# - batch 1, one token, 8k keys: 0.67x eager, 0.22x replayed;
+# - batch 1, 16 tokens, 8k keys: 1.14x eager (the decode call's host time, 85 us, over the
+#   kernels' 27), 0.40x replayed; so few tokens at a small batch wait for 32k keys;
+# - batch 1 below 8k keys: 1.08-1.55x eager, the dense forward's host path being shorter.
+AS_CACHE_ONE_TOKEN = 8192
+AS_CACHE_FEW_TOKENS = 32768
 AS_CACHE_SHORT_KEYS = 512
 AS_CACHE_SHORT_TILES = 64
 
@@ -222,7 +227,7 @@ def serves_as_cache(problem: Problem) -> bool:
         return False
     if problem.dropout or problem.kernel_spec().fp8:  # (the decode kernels have no dropout)
         return False
-    if problem.seqlen_k >= AS_CACHE_KEYS:
+    if problem.seqlen_k >= (AS_CACHE_ONE_TOKEN if problem.seqlen_q == 1 else AS_CACHE_FEW_TOKENS):
         return True
     return (
         problem.seqlen_k >= AS_CACHE_SHORT_KEYS
