@@ -81,6 +81,7 @@ SOURCES = [
 MEMORY = f"{RESULTS}/memory-h200.json"
 # benchmarks/decode.py and benchmarks/varlen.py runs, newest first
 DECODE = [
+    f"{RESULTS}/decode-h100-q16.json",
     f"{RESULTS}/decode-h100-tuned.json",
     f"{RESULTS}/decode-h200.json",
     f"{RESULTS}/decode-h100-n128.json",
