@@ -257,6 +257,5 @@ def attention_as_cache(q, k, v, launch: CacheLaunch, *, alibi=None):
     (B, N, H, D) through their strides, without views or copies (host time: a call of a few
     tokens is short)."""
     p = launch.problem
-    out = torch.empty_like(q)
     lengths = full_lengths(p.batch, p.seqlen_k, q.device)
-    return cache_forward(q, k, v, lengths, None, None, None, p, launch.params, launch=launch, out=out, alibi=alibi)
+    return cache_forward(q, k, v, lengths, None, None, None, p, launch.params, launch=launch, alibi=alibi)
