@@ -1035,6 +1035,31 @@ def test_decode_buckets_tune_store_and_dispatch(tmp_path, monkeypatch):
     assert contiguous.source == "default"  # a contiguous cache is another kernel
 
 
+def test_a_paged_decode_study_measures_the_contiguous_winner(tmp_path):
+    """A paged decode bucket's study measures its contiguous twin's winner right after the
+    default, from this run's database (the grid tunes contiguous buckets first): the paged
+    kernel runs the same tiles, and a study of three trials would not draw that point."""
+    from fa2gen.tuner.run import contiguous_params
+
+    contiguous = Bucket("decode", "bf16", 128, "none", False, 4, 1, 512, 64)
+    paged = dataclasses.replace(contiguous, page=16)
+    won = TuningParams(16, 64, 4, 3).replace(splits=2, combine="last")
+    db = TunedDB(tmp_path / "tuned.sqlite")
+    assert contiguous_params(db, VALID, paged, "sm90") == []
+    db.put([_entry(VALID, contiguous, won, trials=48)])
+    assert contiguous_params(db, VALID, paged, "sm90") == [won]
+    assert contiguous_params(db, VALID, contiguous, "sm90") == []  # a contiguous bucket has no twin
+    assert contiguous_params(db, Validity("OTHER_GPU", "9.0", "3.6.0"), paged, "sm90") == []
+    _, storage, _, [r] = _tune(tmp_path, [paged], trials=3, evaluator=CostModelEvaluator(optimum=won))
+    study = optuna.load_study(
+        study_name=[s.study_name for s in storage.get_all_studies() if s.study_name.endswith(paged.key)][0],
+        storage=storage,
+    )
+    first = [TuningParams.from_dict(t.params) for t in sorted(study.trials, key=lambda t: t.number)]
+    assert first[:2] == [bucket_default(paged, "sm90"), won]
+    assert r.best == won
+
+
 def test_decode_grid_pages_and_representative_problem():
     [paged] = buckets_from_grid(
         {
