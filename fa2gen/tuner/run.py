@@ -147,7 +147,8 @@ def contiguous_params(db: TunedDB, validity: Validity, bucket: Bucket, arch: str
     run's own, then the shipped ones. The paged kernel runs the same tiles and only forms its
     row addresses through the block table, so the contiguous winner is a likely point that a
     paged study of few trials may never draw (on the H100 at batch 8, one token and 512 keys,
-    it ran the paged cache in 16.1 us where a 12-trial paged study had stored 19.4)."""
+    as graph replays of a paged loop with 32-bit row indices: 16.1 us on the contiguous
+    winner, 19.4 on what a 12-trial paged study had stored)."""
     if not bucket.page:
         return []
     twin = dataclasses.replace(bucket, page=0)
