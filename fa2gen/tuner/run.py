@@ -153,11 +153,8 @@ def contiguous_params(db: TunedDB, validity: Validity, bucket: Bucket, arch: str
         return []
     twin = dataclasses.replace(bucket, page=0)
     stored = db.get(validity, twin)
-    out: list[TuningParams] = []
-    for p in ([stored.params] if stored else []) + shipped_params(validity, twin, arch):
-        if p not in out:
-            out.append(p)
-    return out[:limit]
+    found = ([stored.params] if stored else []) + shipped_params(validity, twin, arch)
+    return list(dict.fromkeys(found))[:limit]  # distinct, in order
 
 
 def neighbour_params(db: TunedDB, validity: Validity, bucket: Bucket, limit: int = NEIGHBOURS) -> list[TuningParams]:
